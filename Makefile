@@ -1,0 +1,48 @@
+# torpor: make deps | make test | make demo | make bench | make install
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BUILD := build
+PREFIX ?= /usr/local
+
+.PHONY: deps test lint unit demo bench bench-lifecycle bench-checkpoint bench-registry install protos clean
+
+# Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
+deps:
+	@bash packaging/install-deps.sh
+
+# The whole suite: lint, types, then every test (real containerd, runc, CRIU, registry).
+test: deps
+	$(PY) -m ruff check torpor tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint:
+	$(PY) -m ruff check torpor tests bench
+	$(PY) -m mypy
+
+# A stateful container checkpointed on node A, pushed to a local registry, restored on node B.
+demo: deps
+	$(PY) -m bench.demo
+
+bench: bench-lifecycle bench-checkpoint bench-registry
+
+bench-lifecycle: deps
+	$(PY) -m bench.lifecycle
+
+bench-checkpoint: deps
+	$(PY) -m bench.checkpoint
+
+bench-registry: deps
+	$(PY) -m bench.registry
+
+# System-wide: /opt/torpor venv, fast launchers in $(PREFIX)/bin, the containerd shim launcher.
+install: deps
+	bash packaging/install.sh
+
+# Regenerate the containerd API stubs from torpor's own .proto files.
+protos:
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. torpor/shim/containerd/api/*.proto
+
+clean:
+	rm -rf $(BUILD) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,195 @@
+"""The CUDA driver's process checkpoint API, through ctypes: the only module that touches it.
+
+    cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
+    cuCheckpointProcessGetState(int pid, CUprocessState *state)
+    cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)          RUNNING -> LOCKED
+    cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *)  LOCKED -> CHECKPOINTED
+    cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *)        CHECKPOINTED -> LOCKED
+    cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *)          LOCKED -> RUNNING
+
+Available from driver r570 (CUDA 12.8); GPU UUID pairs on restore from r580 (CUDA 13.0). Every
+args struct is 64 bytes, laid out as in cuda.h, with reserved fields zeroed. Every CUresult other
+than success becomes a CudaError naming the operation, the pid and the driver's own words.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_ubyte, c_uint, c_uint64
+
+from torpor.errors import CudaError, GpuError
+
+CUDA_SUCCESS = 0
+UUID_REMAP_MIN_DRIVER = 13000  # cuDriverGetVersion of r580 (CUDA 13.0)
+
+# CUresult names, for when the driver cannot name its own error (values from cuda.h 13.0).
+RESULT_NAMES = {
+    0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED", 201: "CUDA_ERROR_INVALID_CONTEXT",
+    304: "CUDA_ERROR_OPERATING_SYSTEM", 401: "CUDA_ERROR_ILLEGAL_STATE",
+    500: "CUDA_ERROR_NOT_FOUND", 600: "CUDA_ERROR_NOT_READY", 800: "CUDA_ERROR_NOT_PERMITTED",
+    801: "CUDA_ERROR_NOT_SUPPORTED", 909: "CUDA_ERROR_TIMEOUT", 999: "CUDA_ERROR_UNKNOWN",
+}
+
+
+class ProcessState(enum.IntEnum):
+    RUNNING = 0
+    LOCKED = 1
+    CHECKPOINTED = 2
+    FAILED = 3
+
+
+class LockArgs(Structure):
+    _fields_ = [("timeoutMs", c_uint), ("reserved0", c_uint), ("reserved1", c_uint64 * 7)]
+
+
+class CheckpointArgs(Structure):
+    _fields_ = [("reserved", c_uint64 * 8)]
+
+
+class UnlockArgs(Structure):
+    _fields_ = [("reserved", c_uint64 * 8)]
+
+
+class Uuid(Structure):
+    _fields_ = [("bytes", c_ubyte * 16)]
+
+
+class GpuPair(Structure):
+    _fields_ = [("oldUuid", Uuid), ("newUuid", Uuid)]
+
+
+class RestoreArgs(Structure):
+    """CUDA 13.0 layout; the first 12 bytes and the 64-byte size hold for every version."""
+
+    _fields_ = [("gpuPairs", POINTER(GpuPair)), ("gpuPairsCount", c_uint),
+                ("reserved", ctypes.c_char * 44), ("reserved1", c_uint64)]
+
+
+def uuid_bytes(text: str) -> bytes:
+    """'GPU-xxxxxxxx-xxxx-...' (NVML's form) -> the 16 raw bytes of a CUuuid."""
+    hexdigits = text.removeprefix("GPU-").replace("-", "")
+    raw = bytes.fromhex(hexdigits)
+    if len(raw) != 16:
+        raise GpuError(f"not a GPU UUID: {text!r}")
+    return raw
+
+
+class CudaDriver:
+    """libcuda's checkpoint entry points, loaded once per process."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
+        self.lib = lib
+        self.path = path
+        for name, args in (
+            ("cuDriverGetVersion", [POINTER(c_int)]),
+            ("cuCheckpointProcessGetRestoreThreadId", [c_int, POINTER(c_int)]),
+            ("cuCheckpointProcessGetState", [c_int, POINTER(c_int)]),
+            ("cuCheckpointProcessLock", [c_int, POINTER(LockArgs)]),
+            ("cuCheckpointProcessCheckpoint", [c_int, POINTER(CheckpointArgs)]),
+            ("cuCheckpointProcessRestore", [c_int, POINTER(RestoreArgs)]),
+            ("cuCheckpointProcessUnlock", [c_int, POINTER(UnlockArgs)]),
+            ("cuGetErrorName", [c_int, POINTER(c_char_p)]),
+            ("cuGetErrorString", [c_int, POINTER(c_char_p)]),
+        ):
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise GpuError(f"{path} has no {name}: the CUDA checkpoint API needs driver "
+                               "r570 or newer") from None
+            fn.argtypes, fn.restype = args, c_int
+
+    @classmethod
+    def load(cls, path: str) -> CudaDriver:
+        try:
+            return cls(ctypes.CDLL(path), path)
+        except OSError as e:
+            raise GpuError(f"cannot load the CUDA driver library {path}: {e}",
+                           hint="set [gpu] cuda_library in the torpor config") from None
+
+    # Results ----------------------------------------------------------------------------------
+
+    def _describe(self, code: int) -> tuple[str, str]:
+        name, text = c_char_p(), c_char_p()
+        if self.lib.cuGetErrorName(code, byref(name)) != CUDA_SUCCESS or not name.value:
+            return RESULT_NAMES.get(code, f"CUresult {code}"), "unknown error"
+        self.lib.cuGetErrorString(code, byref(text))
+        return name.value.decode(), (text.value or b"").decode()
+
+    def _check(self, code: int, operation: str, pid: int | None) -> None:
+        if code != CUDA_SUCCESS:
+            name, text = self._describe(code)
+            raise CudaError(operation, pid, code, name, text)
+
+    # The API ----------------------------------------------------------------------------------
+
+    def driver_version(self) -> int:
+        version = c_int()
+        self._check(self.lib.cuDriverGetVersion(byref(version)), "cuDriverGetVersion", None)
+        return version.value
+
+    def restore_thread_id(self, pid: int) -> int:
+        tid = c_int()
+        self._check(self.lib.cuCheckpointProcessGetRestoreThreadId(pid, byref(tid)),
+                    "cuCheckpointProcessGetRestoreThreadId", pid)
+        return tid.value
+
+    def is_cuda_process(self, pid: int) -> bool:
+        """CRIU's test: the driver knows a restore thread for pid."""
+        tid = c_int()
+        return bool(self.lib.cuCheckpointProcessGetRestoreThreadId(pid, byref(tid)) == CUDA_SUCCESS)
+
+    def state(self, pid: int) -> ProcessState:
+        value = c_int()
+        self._check(self.lib.cuCheckpointProcessGetState(pid, byref(value)),
+                    "cuCheckpointProcessGetState", pid)
+        try:
+            return ProcessState(value.value)
+        except ValueError:
+            raise GpuError(f"the driver reports an unknown checkpoint state {value.value} for "
+                           f"pid {pid}") from None
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        args = LockArgs(timeoutMs=timeout_ms)
+        self._check(self.lib.cuCheckpointProcessLock(pid, byref(args)),
+                    f"cuCheckpointProcessLock (timeout {timeout_ms} ms)", pid)
+
+    def checkpoint(self, pid: int) -> None:
+        args = CheckpointArgs()
+        self._check(self.lib.cuCheckpointProcessCheckpoint(pid, byref(args)),
+                    "cuCheckpointProcessCheckpoint", pid)
+
+    def restore(self, pid: int, pairs: list[tuple[str, str]] | None = None) -> None:
+        """Restore onto this node's GPUs; `pairs` maps checkpointed to new GPU UUIDs."""
+        args = RestoreArgs()
+        if pairs:
+            array = (GpuPair * len(pairs))()
+            for slot, (old, new) in zip(array, pairs, strict=True):
+                slot.oldUuid.bytes[:] = list(uuid_bytes(old))
+                slot.newUuid.bytes[:] = list(uuid_bytes(new))
+            args.gpuPairs = ctypes.cast(array, POINTER(GpuPair))
+            args.gpuPairsCount = len(pairs)
+        self._check(self.lib.cuCheckpointProcessRestore(pid, byref(args)),
+                    "cuCheckpointProcessRestore", pid)
+
+    def unlock(self, pid: int) -> None:
+        args = UnlockArgs()
+        self._check(self.lib.cuCheckpointProcessUnlock(pid, byref(args)),
+                    "cuCheckpointProcessUnlock", pid)
+
+
+_loaded: dict[str, CudaDriver | None] = {}
+
+
+def try_load(path: str) -> CudaDriver | None:
+    """The driver, or None when this node has no CUDA driver library at all."""
+    if path not in _loaded:
+        try:
+            _loaded[path] = CudaDriver.load(path)
+        except GpuError as e:
+            if "cannot load" in e.message:
+                _loaded[path] = None
+            else:
+                raise
+    return _loaded[path]

@@ -1,0 +1,211 @@
+"""A container's network identity: capture it with pyroute2, check it, set it up again.
+
+runc always gives CRIU `--empty-ns network`, so CRIU saves sockets but nothing of the namespace
+they live in. torpor records links (kind, MAC, MTU, state), addresses, routes, rules and
+neighbours before the dump, plus the local addresses its sockets are bound to. On restore into a
+new namespace (runc made it), the hook brings up lo and puts back the addresses and routes of the
+links that exist there before CRIU binds sockets again; into an existing namespace (a path, as
+in a pod), the addresses the sockets need are checked, and added only when asked to.
+pyroute2's errors become NetworkError here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from typing import Any
+
+from torpor.errors import NetworkError
+
+FAMILIES = {socket.AF_INET: "inet", socket.AF_INET6: "inet6"}
+TCP_STATES = {"01": "established", "0A": "listen"}
+
+
+def _ipr(netns: str) -> Any:
+    from pyroute2 import IPRoute
+
+    try:
+        return IPRoute(netns=netns, flags=0)
+    except OSError as e:
+        raise NetworkError(f"cannot enter network namespace {netns}: {e.strerror or e}") from None
+
+
+def _links(ipr: Any) -> tuple[list[dict[str, Any]], dict[int, str]]:
+    links, names = [], {}
+    for msg in ipr.get_links():
+        index, name = msg["index"], msg.get("ifname")
+        names[index] = name
+        links.append({
+            "index": index,
+            "ifname": name,
+            "kind": msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or (
+                "loopback" if name == "lo" else None),
+            "address": msg.get("address"),
+            "mtu": msg.get("mtu"),
+            "state": msg.get("state"),
+            "flags": msg["flags"],
+        })
+    return links, names
+
+
+def snapshot(netns: str) -> dict[str, Any]:
+    """Links, addresses, routes, rules and neighbours of the namespace at `netns`."""
+    try:
+        with _ipr(netns) as ipr:
+            links, names = _links(ipr)
+            addresses = [{
+                "ifname": names.get(a["index"]),
+                "family": FAMILIES.get(a["family"], str(a["family"])),
+                "address": a.get("address"),
+                "prefixlen": a["prefixlen"],
+                "scope": a["scope"],
+            } for a in ipr.get_addr()]
+            routes = []
+            for family in (socket.AF_INET, socket.AF_INET6):
+                for r in ipr.get_routes(family=family):
+                    table = r.get("table") or r["table"]
+                    if table == 255:  # the kernel's local table follows the addresses
+                        continue
+                    routes.append({
+                        "family": FAMILIES[family], "dst": r.get("dst"), "dst_len": r["dst_len"],
+                        "gateway": r.get("gateway"), "oif": names.get(r.get("oif") or 0),
+                        "prefsrc": r.get("prefsrc"), "table": table, "scope": r["scope"],
+                        "proto": r["proto"], "type": r["type"], "priority": r.get("priority"),
+                    })
+            rules = [{"family": FAMILIES.get(r["family"]), "table": r.get("table"),
+                      "priority": r.get("priority"), "action": r["action"]}
+                     for family in (socket.AF_INET, socket.AF_INET6)
+                     for r in ipr.get_rules(family=family)]
+            neighbours = [{"ifname": names.get(n["ifindex"]), "dst": n.get("dst"),
+                           "lladdr": n.get("lladdr"), "state": n["state"]}
+                          for n in ipr.get_neighbours()]
+    except NetworkError:
+        raise
+    except Exception as e:
+        raise NetworkError(f"cannot read network namespace {netns}: {e}") from None
+    return {"links": links, "addresses": addresses, "routes": routes, "rules": rules,
+            "neighbours": neighbours}
+
+
+def _hex_address(text: str) -> str:
+    raw = bytes.fromhex(text)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    address = ipaddress.IPv6Address(words)
+    return str(address.ipv4_mapped or address)
+
+
+def socket_addresses(pid: int) -> list[dict[str, Any]]:
+    """TCP and UDP sockets in pid's network namespace: local address, port and state."""
+    sockets = []
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            with open(f"/proc/{pid}/net/{proto}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            host, port = local.split(":")
+            sockets.append({"proto": proto.rstrip("6"), "address": _hex_address(host),
+                            "port": int(port, 16),
+                            "state": TCP_STATES.get(state, state) if proto.startswith("tcp") else "udp"})
+    return sockets
+
+
+def needed_addresses(sockets: list[dict[str, Any]]) -> list[str]:
+    """The specific local addresses sockets are bound to (wildcards need none)."""
+    wanted = set()
+    for s in sockets:
+        address = ipaddress.ip_address(s["address"])
+        if not address.is_unspecified and not address.is_loopback:
+            wanted.add(str(address))
+    return sorted(wanted)
+
+
+def present_addresses(netns: str) -> set[str]:
+    try:
+        with _ipr(netns) as ipr:
+            return {a.get("address") for a in ipr.get_addr()}
+    except NetworkError:
+        raise
+    except Exception as e:
+        raise NetworkError(f"cannot read addresses in {netns}: {e}") from None
+
+
+def missing_addresses(netns: str, needed: list[str]) -> list[str]:
+    present = present_addresses(netns)
+    return [a for a in needed if a not in present]
+
+
+def add_addresses(netns: str, wanted: list[str], recorded: dict[str, Any]) -> None:
+    """Add `wanted` addresses on the links they had (by name), or on lo as host addresses."""
+    by_address = {a["address"]: a for a in recorded.get("addresses", [])}
+    try:
+        with _ipr(netns) as ipr:
+            indexes = {link.get("ifname"): link["index"] for link in ipr.get_links()}
+            for address in wanted:
+                entry = by_address.get(address, {})
+                index = indexes.get(entry.get("ifname")) or indexes["lo"]
+                prefix = entry.get("prefixlen") if index != indexes["lo"] else None
+                prefix = prefix or (32 if ":" not in address else 128)
+                ipr.addr("add", index=index, address=address, prefixlen=prefix)
+    except Exception as e:
+        raise NetworkError(f"cannot add addresses {', '.join(wanted)} in {netns}: {e}") from None
+
+
+def restore_plan(recorded: dict[str, Any]) -> dict[str, Any]:
+    """What the hook sets up in a namespace CRIU has just created (only lo exists there)."""
+    addresses = [a for a in recorded.get("addresses", []) if a.get("ifname") == "lo"]
+    routes = [r for r in recorded.get("routes", []) if r.get("oif") == "lo"]
+    return {"up": ["lo"], "addresses": addresses, "routes": routes}
+
+
+def write_restore_plan(path: str, plan: dict[str, Any]) -> None:
+    from torpor.shim.spec import write_atomic
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, json.dumps(plan).encode(), mode=0o600)
+
+
+def apply_restore_plan(path: str, pid: int) -> None:
+    """Run by torpor-hook createRuntime during a restore, in the restored init's namespace."""
+    with open(path) as f:
+        plan = json.load(f)
+    netns = f"/proc/{pid}/ns/net"
+    try:
+        with _ipr(netns) as ipr:
+            indexes = {link.get("ifname"): link["index"] for link in ipr.get_links()}
+            for name in plan.get("up", []):
+                if name in indexes:
+                    ipr.link("set", index=indexes[name], state="up")
+            for a in plan.get("addresses", []):
+                index = indexes.get(a.get("ifname"))
+                if index is None:
+                    continue
+                try:
+                    ipr.addr("add", index=index, address=a["address"], prefixlen=a["prefixlen"])
+                except Exception as e:
+                    if "exists" not in str(e).lower():
+                        raise
+            for r in plan.get("routes", []):
+                index = indexes.get(r.get("oif"))
+                if index is None or not r.get("dst"):
+                    continue
+                try:
+                    ipr.route("add", dst=f"{r['dst']}/{r['dst_len']}", oif=index,
+                              table=r.get("table") or 254, scope=r.get("scope", 0))
+                except Exception as e:
+                    if "exists" not in str(e).lower():
+                        raise
+    except Exception as e:
+        raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -1,0 +1,146 @@
+"""Facts about this node that decide whether it can run, checkpoint or restore a container.
+
+Each fact is read the cheapest way that is still true: versions from the binaries themselves,
+the cgroup version from the filesystem type of /sys/fs/cgroup, CPU features from /proc/cpuinfo.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+CGROUP2_SUPER_MAGIC = 0x63677270
+
+
+def _run(*cmd: str, timeout: float = 20) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not match:
+        return ()
+    return tuple(int(part) for part in match.groups(default="0"))
+
+
+def version_str(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version)) if version else "unknown"
+
+
+def which(name: str, extra: tuple[str, ...] = ("/usr/local/sbin", "/usr/sbin", "/sbin")) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for directory in extra:
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def criu_version(criu: str | None = None) -> tuple[int, ...]:
+    criu = criu or which("criu")
+    if not criu:
+        return ()
+    code, out = _run(criu, "--version")
+    line = next((ln for ln in out.splitlines() if ln.startswith("Version:")), "")
+    return parse_version(line) if code == 0 else ()
+
+
+def runc_version(runc: str | None = None) -> tuple[int, ...]:
+    runc = runc or which("runc")
+    if not runc:
+        return ()
+    code, out = _run(runc, "--version")
+    return parse_version(out.splitlines()[0]) if code == 0 and out else ()
+
+
+def containerd_version() -> tuple[int, ...]:
+    binary = which("containerd")
+    if not binary:
+        return ()
+    code, out = _run(binary, "--version")
+    return parse_version(out.split(" ", 2)[-1]) if code == 0 else ()
+
+
+def cgroup_version() -> int:
+    try:
+        stat = os.statvfs("/sys/fs/cgroup")
+        del stat
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if fields[4] == "/sys/fs/cgroup":
+                    fstype = fields[fields.index("-") + 1]
+                    return 2 if fstype == "cgroup2" else 1
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return sorted(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return []
+
+
+def nvidia_driver_version() -> str | None:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            text = f.read()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    return match.group(1) if match else "unknown"
+
+
+@dataclass
+class NodeFacts:
+    """What a checkpoint records about its node, and what a restore node is compared against."""
+
+    architecture: str
+    kernel: str
+    criu_version: str
+    runc_version: str
+    cgroup_version: int
+    cpu_flags: list[str] = field(default_factory=list)
+    nvidia_driver: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeFacts:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def go_arch(machine: str | None = None) -> str:
+    machine = machine or platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
+            "s390x": "s390x"}.get(machine, machine)
+
+
+def gather(runc: str | None = None, criu: str | None = None) -> NodeFacts:
+    return NodeFacts(
+        architecture=go_arch(),
+        kernel=platform.release(),
+        criu_version=version_str(criu_version(criu)),
+        runc_version=version_str(runc_version(runc)),
+        cgroup_version=cgroup_version(),
+        cpu_flags=cpu_flags(),
+        nvidia_driver=nvidia_driver_version(),
+    )

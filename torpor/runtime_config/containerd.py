@@ -1,0 +1,146 @@
+"""The containerd runtime class `torpor`, for config version 2 (containerd 1.6/1.7) and 3 (2.x).
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.torpor]      # version 2
+      runtime_type = "io.containerd.runc.v2"
+      pod_annotations = ["io.torpor.*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.torpor.options]
+        BinaryName = "/usr/local/bin/torpor-runc"
+
+Version 3 keys the same table under `plugins."io.containerd.cri.v1.runtime"`. Clients that pick a
+runtime by name rather than by class (`ctr run --runtime`, `nerdctl run --runtime`) use
+`io.containerd.torpor.v2`, served by the `containerd-shim-torpor-v2` launcher; the runtime class
+is for Kubernetes (RuntimeClass handler `torpor`) and every other CRI client.
+
+`install` merges the class into an existing config.toml with tomlkit, so the user's comments,
+order and other settings stay as they were, after writing a backup beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Any
+
+import tomlkit
+from tomlkit.items import Table
+
+from torpor.errors import ConfigError
+from torpor.shim.spec import write_atomic
+
+RUNTIME_NAME = "torpor"
+SHIM_RUNTIME = "io.containerd.torpor.v2"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+
+
+def runtime_table(binary_name: str, runtime_options: dict[str, Any] | None = None) -> Table:
+    table = tomlkit.table()
+    table.add("runtime_type", "io.containerd.runc.v2")
+    table.add("pod_annotations", ["io.torpor.*"])
+    options = tomlkit.table()
+    options.add("BinaryName", binary_name)
+    for key, value in (runtime_options or {}).items():
+        options.add(key, value)
+    table.add("options", options)
+    return table
+
+
+def document(binary_name: str, version: int = 2) -> tomlkit.TOMLDocument:
+    if version not in CRI_PLUGIN:
+        raise ConfigError(f"containerd config version {version} is not supported (use 2 or 3)")
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"torpor runtime class for containerd (config version {version})."))
+    doc.add(tomlkit.comment(f"ctr/nerdctl: --runtime {SHIM_RUNTIME}; Kubernetes: RuntimeClass "
+                            f"handler \"{RUNTIME_NAME}\"."))
+    doc.add(tomlkit.comment("Merge into config.toml (or use --install); keep its runtimes.runc "
+                            "table: the CRI plugin needs its default runtime."))
+    doc.add("version", version)
+    _set_runtime(doc, binary_name, version)
+    return doc
+
+
+def _set_runtime(doc: tomlkit.TOMLDocument, binary_name: str, version: int,
+                 keep_default: bool = False) -> bool:
+    """Put the torpor class into `doc`; True when something changed.
+
+    A config file's runtimes table replaces containerd's built-in one, and the CRI plugin
+    refuses to load when its default runtime is not in it; with `keep_default` the default
+    runtime (runc, unless default_runtime_name says otherwise) is added when missing.
+    """
+    plugins = _child(doc, "plugins")
+    cri = _child(plugins, CRI_PLUGIN[version])
+    containerd = _child(cri, "containerd")
+    runtimes = _child(containerd, "runtimes")
+    changed = False
+    default = str(containerd.get("default_runtime_name", "runc"))
+    if keep_default and default not in runtimes and default != RUNTIME_NAME:
+        table = tomlkit.table()
+        table.add("runtime_type", "io.containerd.runc.v2")
+        runtimes.add(default, table)
+        changed = True
+    current = runtimes.get(RUNTIME_NAME)
+    if current is not None:
+        options = current.get("options", {})
+        if (current.get("runtime_type") == "io.containerd.runc.v2"
+                and options.get("BinaryName") == binary_name):
+            return changed
+        extra = {k: v for k, v in options.items() if k != "BinaryName"}
+        runtimes[RUNTIME_NAME] = runtime_table(binary_name, extra)
+    else:
+        runtimes.add(RUNTIME_NAME, runtime_table(binary_name))
+    return True
+
+
+def _child(parent: Any, key: str) -> Any:
+    if key not in parent:
+        table = tomlkit.table(is_super_table=True)
+        parent.add(key, table)
+    child = parent[key]
+    if not isinstance(child, dict):
+        raise ConfigError(f"config key {key!r} is not a table")
+    return child
+
+
+def render(binary_name: str, version: int = 2) -> str:
+    return tomlkit.dumps(document(binary_name, version))
+
+
+def config_version(doc: tomlkit.TOMLDocument) -> int:
+    version = doc.get("version", 1)
+    if version == 1:
+        raise ConfigError(
+            "this containerd config is version 1",
+            hint="migrate it first: `containerd config migrate` (2.x) or add `version = 2`",
+        )
+    return int(version)
+
+
+def install(path: str, binary_name: str, version: int | None = None) -> tuple[bool, str | None]:
+    """Merge the runtime class into config.toml at `path`; (changed, backup path)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    if not text.strip():
+        doc = document(binary_name, version or 2)
+        _set_runtime(doc, binary_name, version or 2, keep_default=True)
+        changed = True
+    else:
+        found = config_version(doc)
+        if version is not None and version != found:
+            raise ConfigError(f"{path} is config version {found}, not {version}")
+        changed = _set_runtime(doc, binary_name, found, keep_default=True)
+    if not changed:
+        return False, None
+    backup = None
+    if text:
+        backup = f"{path}.torpor-backup-{time.strftime('%Y%m%d%H%M%S')}"
+        shutil.copy2(path, backup)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_atomic(path, tomlkit.dumps(doc).encode(), mode=0o644)
+    return True, backup

@@ -1,0 +1,259 @@
+"""torpor-runc checkpoint: save what CRIU does not, around `runc checkpoint`.
+
+The steps, in order; each undoes itself if a later one fails (an ExitStack), so a failed or
+interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
+
+ 1. read the container (runc state, its spec, its cgroup) and the request (torpor checkpoint's
+    options in the image dir, else the annotation, else the config);
+ 2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
+    undo: restore and unlock. The container must not be frozen while this runs;
+ 3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
+ 4. freeze the container (unless containerd already paused it), so that the files saved next
+    match the memory CRIU dumps; undo: thaw;
+ 5. files: the read-write layer (overlay upperdir, as an OCI layer), bind-mounted volumes and a
+    bind-mounted /dev/shm, per policy;
+ 6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container;
+ 7. write torpor/state.json, the CRIU flags in force included, so restore can put them back;
+ 8. with --leave-running: thaw (if we froze), then GPU restore and unlock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torpor
+from torpor import netns, rootfs, volumes
+from torpor.errors import CheckpointError, CriuError
+from torpor.freezer import Cgroup
+from torpor.shim import criu_log, image_dir, runc, spec
+from torpor.shim.argv import Invocation
+from torpor.shim.guardian import Guardian
+
+if TYPE_CHECKING:
+    from torpor.shim.main import Context
+
+CRIU_FLAGS = ("tcp-established", "file-locks", "ext-unix-sk", "shell-job")
+
+
+def criu_flags(inv: Invocation) -> dict[str, Any]:
+    return {
+        **{flag: inv.has(flag) for flag in CRIU_FLAGS},
+        "empty-ns": inv.values("empty-ns"),
+        "leave-running": inv.has("leave-running"),
+        "manage-cgroups-mode": inv.flag("manage-cgroups-mode"),
+    }
+
+
+def policy(ctx: Context, request: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    annotations = config.get("annotations") or {}
+    chosen = (volumes.parse_policy(request.get("volumes"))
+              or volumes.parse_policy(annotations.get(volumes.ANNOTATION))
+              or volumes.parse_policy(ctx.cfg.checkpoint_volumes) or "all")
+    return {
+        "volumes": chosen,
+        "dev_shm": request.get("dev_shm", ctx.cfg.checkpoint_dev_shm),
+        "rootfs": request.get("rootfs", ctx.cfg.checkpoint_rootfs),
+    }
+
+
+@contextlib.contextmanager
+def frozen(cgroup: Cgroup, log: Any) -> Iterator[bool]:
+    """Freeze for the block unless already frozen (containerd paused it); yields whether we did."""
+    if cgroup.is_frozen():
+        yield False
+        return
+    cgroup.freeze()
+    try:
+        yield True
+    finally:
+        if os.path.isdir(cgroup.path):  # gone after a checkpoint that stopped the container
+            try:
+                cgroup.thaw()
+            except OSError as e:
+                log.warning(f"could not thaw {cgroup.path}: {e}")
+
+
+def save_files(ctx: Context, pid: int, config: dict[str, Any], chosen: dict[str, Any],
+               out_dir: str) -> dict[str, Any]:
+    saved: dict[str, Any] = {"rootfs": None, "volumes": [], "dev_shm": None}
+    if chosen["rootfs"]:
+        overlay = rootfs.root_overlay(pid)
+        if overlay is None:
+            ctx.log.info("the container's root is not an overlay mount: its read-write layer "
+                         "is left to containerd's diff service")
+        else:
+            path = os.path.join(out_dir, image_dir.ROOTFS_DIFF)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                entries = rootfs.write_layer(overlay["upperdir"], out)
+                saved["rootfs"] = {"archive": image_dir.ROOTFS_DIFF, "entries": entries,
+                                   "bytes": out.tell()}
+    selected, shm = volumes.select(config, chosen["volumes"], chosen["dev_shm"])
+    for volume in selected:
+        volumes.save(volume, out_dir)
+        saved["volumes"].append(volume.to_dict())
+    if shm is not None:
+        volumes.save(shm, out_dir)
+        saved["dev_shm"] = shm.to_dict()
+    return saved
+
+
+def run(ctx: Context) -> int:
+    inv = ctx.inv
+    if inv.has("help", "h") or inv.has("pre-dump") or not inv.container_id:
+        runc_exec(ctx)  # runc answers help, pre-dumps and missing arguments itself
+    container_id = inv.container_id or ""
+    image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    current = runc.state(ctx.runtime, inv, container_id)
+    pid, bundle = int(current["pid"]), current["bundle"]
+    config = spec.load(bundle)
+    os.makedirs(image_path, mode=0o700, exist_ok=True)
+    out_dir = image_dir.ensure(image_path)
+    request = image_dir.read_request(image_path)
+    chosen = policy(ctx, request, config)
+    cgroup = Cgroup.of_pid(pid)
+    flags = criu_flags(inv)
+    state: dict[str, Any] = {
+        "format": image_dir.FORMAT,
+        "torpor_version": torpor.__version__,
+        "container_id": container_id,
+        "init_pid": pid,
+        "criu_flags": flags,
+        "policy": chosen,
+    }
+    guardian = Guardian().start(lambda s: rollback(ctx, s))
+    with contextlib.ExitStack() as undo, interruptible():
+        undo.callback(guardian.release)
+        t = time.monotonic()
+        state["gpu"] = gpu_suspend(ctx, undo, cgroup, guardian, flags["leave-running"])
+        timings["gpu_checkpoint_s"] = time.monotonic() - t
+
+        t = time.monotonic()
+        state["network"] = {
+            "netns_path": _netns_path(config, pid),
+            "created_by_runtime": not _has_netns_path(config),
+            "config": netns.snapshot(f"/proc/{pid}/ns/net"),
+            "sockets": netns.socket_addresses(pid),
+        }
+        state["mounts"] = config.get("mounts", [])
+        timings["network_s"] = time.monotonic() - t
+
+        guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
+                      thaw=not cgroup.is_frozen())
+        we_froze = undo.enter_context(frozen(cgroup, ctx.log))
+        hold(ctx, "frozen")
+        t = time.monotonic()
+        state["files"] = save_files(ctx, pid, config, chosen, out_dir)
+        timings["files_s"] = time.monotonic() - t
+
+        t = time.monotonic()
+        code = run_runc(ctx, guardian)
+        timings["runc_checkpoint_s"] = time.monotonic() - t
+        if code != 0:
+            reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
+            raise CriuError(f"runc checkpoint failed (exit {code})"
+                            + (f": {reason}" if reason else ""), log_path=log_path,
+                            hint=f"CRIU's log: {log_path}" if log_path else None)
+
+        state["timings"] = {**timings, "total_s": time.monotonic() - started}
+        state["frozen_by_torpor"] = we_froze
+        image_dir.write_json(os.path.join(out_dir, image_dir.STATE), state)
+        if not flags["leave-running"]:
+            undo.pop_all()  # the container is gone: nothing to thaw or resume
+            guardian.release()
+        # leaving the block thaws (if we froze) and restores + unlocks the GPUs (leave-running)
+    return 0
+
+
+def run_runc(ctx: Context, guardian: Guardian) -> int:
+    """`runc checkpoint` with the caller's argv. An interrupt waits for it: CRIU must finish."""
+    proc = subprocess.Popen([ctx.runtime, *ctx.inv.argv[1:]], close_fds=False)
+    guardian.tell(runc_pid=proc.pid)
+    interrupted = False
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except Interrupted:
+            interrupted = True
+    if interrupted:
+        raise Interrupted("interrupted during runc checkpoint")
+    return code
+
+
+class Interrupted(CheckpointError):
+    pass
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP raise Interrupted, so the ExitStack undoes what was done."""
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(f"checkpoint interrupted by signal {signum}; the container keeps running")
+
+    previous = {sig: signal.signal(sig, handler)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def rollback(ctx: Context, state: dict[str, Any]) -> None:
+    """In the guardian, after torpor-runc died: thaw what we froze, resume the GPUs."""
+    if state.get("cgroup") and state.get("thaw"):
+        with contextlib.suppress(OSError):
+            Cgroup(state["cgroup"], int(state["cgroup_version"])).thaw()
+    if state.get("gpu_pids"):
+        from torpor.gpu import session
+
+        session.rollback(ctx.cfg, state["gpu_pids"], ctx.log)
+
+
+def hold(ctx: Context, step: str) -> None:
+    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests kill us here)."""
+    marker = os.path.join(ctx.cfg.runtime_state_dir, "test-hold", step)
+    if not os.path.exists(marker):
+        return
+    with open(marker + ".pid", "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardian: Guardian,
+                leave_running: bool) -> dict[str, Any] | None:
+    """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`."""
+    from torpor.gpu import session
+
+    return session.suspend_for_checkpoint(ctx.cfg, cgroup, undo, ctx.log, leave_running,
+                                          on_locked=lambda pids: guardian.tell(gpu_pids=pids))
+
+
+def _has_netns_path(config: dict[str, Any]) -> bool:
+    return any(ns.get("type") == "network" and ns.get("path")
+               for ns in config.get("linux", {}).get("namespaces", []))
+
+
+def _netns_path(config: dict[str, Any], pid: int) -> str:
+    for ns in config.get("linux", {}).get("namespaces", []):
+        if ns.get("type") == "network" and ns.get("path"):
+            return str(ns["path"])
+    return f"/proc/{pid}/ns/net"
+
+
+def runc_exec(ctx: Context) -> None:
+    from torpor.shim import lowlevel
+
+    lowlevel.exec_runtime(ctx.runtime, ctx.inv.argv)
+

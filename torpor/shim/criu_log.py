@@ -1,0 +1,33 @@
+"""CRIU's own reason for a failure, read from the log runc asked it to write."""
+
+from __future__ import annotations
+
+import os
+import re
+
+_ERROR = re.compile(r"^\(\s*[\d.]+\)\s+Error\s+\(([^)]*)\):\s*(.*)$")
+
+
+def reasons(log_path: str, limit: int = 3) -> list[str]:
+    """The last `limit` distinct `Error (...)` lines of a CRIU log, most telling last."""
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        match = _ERROR.match(line.strip())
+        if match:
+            text = match.group(2).strip()
+            if text and text not in found:
+                found.append(text)
+    return found[-limit:]
+
+
+def summary(work_path: str | None, log_name: str) -> tuple[str, str | None]:
+    """('reason; reason', log path) for dump.log or restore.log in the work directory."""
+    if not work_path:
+        return "", None
+    path = os.path.join(work_path, log_name)
+    return "; ".join(reasons(path)), (path if os.path.exists(path) else None)

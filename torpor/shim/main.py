@@ -1,0 +1,145 @@
+"""torpor-runc: a runc-compatible OCI runtime that hands almost everything to runc.
+
+containerd's runc shim, podman or CRI-O run this in place of runc. A plain scan of argv decides:
+the subcommands in DISPATCH get torpor's treatment (spec modifiers, checkpoint and restore
+steps), and every other call is `execve`d to the low-level runtime untouched, so argv, stdio,
+inherited fds, signals and the exit status stay runc's.
+
+This module is the fast path: it imports `os`, `sys` and `torpor.shim.lowlevel` and nothing else
+before the decision (each extra module costs about a millisecond on every container operation).
+Configuration, the full argv scan and the error tree are imported only when they are needed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from torpor.shim import lowlevel
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from torpor.config import Config
+    from torpor.shim.argv import Invocation
+
+# subcommand -> module with `run(ctx) -> int`; anything else goes straight to runc.
+DISPATCH = {
+    "create": "torpor.shim.create_cmd",
+    "run": "torpor.shim.create_cmd",
+    "checkpoint": "torpor.shim.checkpoint_cmd",
+    "restore": "torpor.shim.restore_cmd",
+}
+
+# runc's global flags that take a value (runc 1.1 main.go); the same set as argv.GLOBAL_VALUE_FLAGS.
+_GLOBAL_VALUE_FLAGS = ("root", "log", "log-format", "criu", "rootless")
+
+
+def subcommand(argv: list[str]) -> str | None:
+    """The runc subcommand in argv, stepping over global flags and their values."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if not arg.startswith("-") or arg == "-":
+            return arg
+        if "=" not in arg and arg.lstrip("-") in _GLOBAL_VALUE_FLAGS:
+            i += 1
+        i += 1
+    return None
+
+
+def _config_runtime() -> tuple[str, Config | None]:
+    """runc's name or path from the config; no file means "runc", and plain files are read
+    without importing tomllib (the full parse happens for intercepted subcommands)."""
+    explicit = os.environ.get("TORPOR_CONFIG")
+    path = explicit or "/etc/torpor/config.toml"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        if not explicit:
+            return "runc", None
+        text = None
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is not None:
+        from torpor.config import fast_runtime_path
+
+        runtime = fast_runtime_path(text)
+        if runtime is not None:
+            return runtime, None
+    from torpor import config  # reports what is wrong with the file
+
+    cfg = config.load()
+    return cfg.runtime_path, cfg
+
+
+class Context:
+    """What an intercepted subcommand gets: the scanned argv, runc's path, config and log."""
+
+    __slots__ = ("cfg", "inv", "log", "runtime")
+
+    def __init__(self, inv: Invocation, runtime: str, cfg: Config):
+        from torpor.shim.runclog import RuncLog
+
+        self.inv = inv
+        self.runtime = runtime
+        self.cfg = cfg
+        self.log = RuncLog(inv)
+
+    def hook_path(self) -> str:
+        if self.cfg.runtime_hook_path:
+            return self.cfg.runtime_hook_path
+        here = os.path.dirname(os.path.realpath(sys.argv[0]))
+        return os.path.join(here, "torpor-hook")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv if argv is None else argv)
+    try:
+        runtime_name, cfg = _config_runtime()
+        runtime = lowlevel.resolve(runtime_name)
+        module_name = DISPATCH.get(subcommand(argv) or "")
+        if module_name is None:
+            lowlevel.exec_runtime(runtime, argv)
+            return 0  # not reached
+        return _intercept(argv, module_name, runtime, cfg)
+    except Exception as e:
+        return _fail(argv, e)
+    except KeyboardInterrupt:
+        return _fail(argv, KeyboardInterrupt())
+
+
+def _intercept(argv: list[str], module_name: str, runtime: str, cfg: Config | None) -> int:
+    from torpor import config
+    from torpor.shim.argv import Invocation
+
+    module = __import__(module_name, fromlist=["run"])
+    code: int = module.run(Context(Invocation(argv), runtime, cfg or config.load()))
+    return code
+
+
+def _fail(argv: list[str], error: BaseException) -> int:
+    """Report in runc's log format, where containerd looks; bugs also get their traceback."""
+    from torpor.errors import TorporError
+    from torpor.shim.argv import Invocation
+    from torpor.shim.runclog import RuncLog
+
+    log = RuncLog(Invocation(argv))
+    if isinstance(error, TorporError):
+        log.error(str(error))
+        return error.exit_code
+    if isinstance(error, KeyboardInterrupt):
+        log.error("interrupted")
+        return 130
+    import traceback
+
+    detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+    log.error(f"internal error in torpor-runc {subcommand(argv) or ''}: {detail}")
+    traceback.print_exception(error, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Small, idempotent edits of an OCI spec, applied by torpor-runc before `create` and `restore`.
+
+Each modifier changes the spec dict in place and says whether it changed anything; applying one
+twice equals applying it once, because a restored spec already carries the edits of its
+`create` (and may come from a node where torpor lives at another path).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torpor.shim.spec import Spec
+
+HOOK_MARKER = "torpor-hook"   # args[0] of every hook torpor writes: how it finds its own entries
+HOOK_NAMES = ("createRuntime", "poststop")
+
+
+class SpecModifier(Protocol):
+    def modify(self, spec: Spec) -> bool:
+        """Edit `spec` in place; return True when something changed."""
+        ...
+
+
+class HookModifier:
+    """Adds torpor-hook to the spec's createRuntime and poststop hooks, replacing older entries."""
+
+    def __init__(self, hook_path: str, state_dir: str, names: tuple[str, ...] = HOOK_NAMES):
+        self.hook_path = hook_path
+        self.state_dir = state_dir
+        self.names = names
+
+    def entry(self, name: str) -> dict[str, Any]:
+        return {
+            "path": self.hook_path,
+            "args": [HOOK_MARKER, "--state-dir", self.state_dir, name],
+        }
+
+    def modify(self, spec: Spec) -> bool:
+        hooks = spec.get("hooks")
+        if hooks is None:
+            hooks = spec["hooks"] = {}
+        changed = False
+        for name in self.names:
+            wanted = self.entry(name)
+            current = hooks.get(name) or []
+            ours = [h for h in current if _is_ours(h)]
+            if ours == [wanted]:
+                continue
+            hooks[name] = [h for h in current if not _is_ours(h)] + [wanted]
+            changed = True
+        return changed
+
+
+def _is_ours(hook: Any) -> bool:
+    args = hook.get("args") if isinstance(hook, dict) else None
+    return isinstance(args, list) and bool(args) and args[0] == HOOK_MARKER
+
+
+class AnnotationModifier:
+    """Sets annotations, leaving every other annotation alone."""
+
+    def __init__(self, values: dict[str, str]):
+        self.values = values
+
+    def modify(self, spec: Spec) -> bool:
+        annotations = spec.setdefault("annotations", {})
+        changed = False
+        for key, value in self.values.items():
+            if annotations.get(key) != value:
+                annotations[key] = value
+                changed = True
+        return changed
+
+
+def apply(spec: Spec, modifiers: list[SpecModifier]) -> bool:
+    changed = False
+    for modifier in modifiers:
+        changed = modifier.modify(spec) or changed
+    return changed

@@ -1,0 +1,34 @@
+"""Calling the low-level runtime from inside torpor-runc, with the caller's global flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from torpor.errors import CheckpointError
+from torpor.shim.argv import Invocation
+
+
+def global_args(inv: Invocation) -> list[str]:
+    """The global flags exactly as the caller gave them (`--root R --log L ...`)."""
+    return inv.argv[1:inv.command_index]
+
+
+def state(runtime: str, inv: Invocation, container_id: str) -> dict[str, Any]:
+    """`runc state ID`: pid, bundle, status and rootfs of the container."""
+    cmd = [runtime, *[a for a in global_args(inv)], "state", container_id]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CheckpointError(f"runc state {container_id} failed: "
+                              f"{(proc.stderr or proc.stdout).strip()}")
+    try:
+        result: dict[str, Any] = json.loads(proc.stdout)
+    except ValueError:
+        raise CheckpointError(f"runc state {container_id} printed no JSON") from None
+    return result
+
+
+def run(runtime: str, argv: list[str]) -> int:
+    """Run the low-level runtime with our stdio and inherited fds; its exit status."""
+    return subprocess.run([runtime, *argv[1:]], close_fds=False).returncode

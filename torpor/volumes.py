@@ -1,0 +1,134 @@
+"""Bind-mounted volumes and /dev/shm: which to save, saving them, putting them back.
+
+A volume is a bind mount from the spec whose source is a host file or directory the engine does
+not regenerate. Policy, most specific first: the checkpoint request (`torpor checkpoint
+--volumes`), the container annotation `io.torpor.checkpoint.volumes`, then the config
+(`[checkpoint] volumes`). "all" saves every read-write volume, "none" saves none, and a list of
+destinations saves exactly those (read-only ones included). A bind-mounted /dev/shm (Kubernetes
+gives containers the pod's) is saved when `dev_shm` is on; an in-container tmpfs is CRIU's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torpor import archive
+from torpor.errors import CheckpointError, RestoreError
+
+ANNOTATION = "io.torpor.checkpoint.volumes"
+# Destinations engines fill in themselves; never saved as volumes.
+ENGINE_MANAGED = ("/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/dev/termination-log",
+                  "/run/secrets", "/var/run/secrets", "/run/.containerenv")
+SYSTEM_PREFIXES = ("/proc", "/sys", "/dev")
+
+
+@dataclass
+class Volume:
+    index: int
+    destination: str
+    source: str
+    kind: str            # "dir" or "file"
+    read_only: bool
+    archive: str         # path of its tar inside the image dir's torpor/ folder
+    bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_bind(mount: dict[str, Any]) -> bool:
+    options = mount.get("options") or []
+    return mount.get("type") == "bind" or "bind" in options or "rbind" in options
+
+
+def parse_policy(value: str | list[str] | None) -> str | list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [v.rstrip("/") or "/" for v in value]
+    value = value.strip()
+    if value in ("all", "none"):
+        return value
+    return [v.strip().rstrip("/") or "/" for v in value.split(",") if v.strip()]
+
+
+def select(spec: dict[str, Any], policy: str | list[str],
+           dev_shm: bool) -> tuple[list[Volume], Volume | None]:
+    """The volumes to save under `policy`, and the bind-mounted /dev/shm if it is to be saved."""
+    volumes: list[Volume] = []
+    shm: Volume | None = None
+    named = set(policy) if isinstance(policy, list) else set()
+    for mount in spec.get("mounts") or []:
+        if not is_bind(mount):
+            continue
+        destination = str(mount.get("destination", "")).rstrip("/") or "/"
+        source = str(mount.get("source", ""))
+        read_only = "ro" in (mount.get("options") or [])
+        if not source or not os.path.exists(source):
+            continue
+        kind = "dir" if os.path.isdir(source) else "file"
+        if not (kind == "dir" or os.path.isfile(source)):
+            continue  # device nodes and sockets are not data
+        if destination == "/dev/shm":
+            if dev_shm:
+                shm = Volume(-1, destination, source, kind, read_only, "devshm.tar")
+            continue
+        if destination in ENGINE_MANAGED or destination.startswith(SYSTEM_PREFIXES):
+            continue
+        wanted = destination in named if isinstance(policy, list) else (
+            policy == "all" and not read_only)
+        if wanted:
+            index = len(volumes)
+            volumes.append(Volume(index, destination, source, kind, read_only,
+                                  f"volumes/{index}.tar"))
+    missing = named - {v.destination for v in volumes}
+    if missing:
+        raise CheckpointError(f"no bind-mounted volume at {', '.join(sorted(missing))}",
+                              hint="--volumes takes the destination paths inside the container")
+    return volumes, shm
+
+
+def save(volume: Volume, state_dir: str) -> None:
+    path = os.path.join(state_dir, volume.archive)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        try:
+            if volume.kind == "dir":
+                volume.bytes = archive.write_tree(volume.source, out)
+            else:
+                name = os.path.basename(volume.source)
+                import tarfile
+
+                with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    st = os.lstat(volume.source)
+                    with open(volume.source, "rb") as f:
+                        tar.addfile(archive.tarinfo_for(name, st, volume.source), f)
+                    volume.bytes = st.st_size
+        except OSError as e:
+            raise CheckpointError(f"cannot save volume {volume.destination} "
+                                  f"({volume.source}): {e}") from None
+
+
+def restore(volume: Volume, state_dir: str, source: str) -> None:
+    """Put a saved volume's content back at `source` (the restore-time bind source)."""
+    path = os.path.join(state_dir, volume.archive)
+    if not os.path.exists(path):
+        raise RestoreError(f"the checkpoint lacks {volume.archive} for volume {volume.destination}")
+    if volume.kind == "dir":
+        archive.extract(path, source, mode="volume")
+        return
+    parent = os.path.dirname(source) or "/"
+    staging = os.path.join(parent, f".torpor-restore-{os.getpid()}")
+    try:
+        archive.extract(path, staging, mode="volume")
+        names = os.listdir(staging)
+        if len(names) != 1:
+            raise RestoreError(f"{volume.archive} should hold one file, not {len(names)}")
+        os.replace(os.path.join(staging, names[0]), source)
+    finally:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
