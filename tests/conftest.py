@@ -91,11 +91,15 @@ class Nodes:
         self.started: list[Node] = []
         self.namespaces: list[NetNS] = []
 
-    def start(self, name: str, own_netns: bool = False, cri: bool = False) -> Node:
+    def start(self, name: str, own_netns: bool = False, cri: bool = False,
+              config: Path | None = None, extra_env: dict[str, str] | None = None) -> Node:
+        """A new containerd node; `config` replaces the session's torpor config for it, and
+        `extra_env` reaches containerd, its shims and so torpor-runc."""
         netns = NetNS(f"torpor-{name}") if own_netns else None
         if netns:
             self.namespaces.append(netns)
-        node = Node(self.base, name, self.bin_dir, self.config, netns=netns, cri=cri)
+        node = Node(self.base, name, self.bin_dir, config or self.config, netns=netns, cri=cri,
+                    extra_env=extra_env)
         self.started.append(node)
         node.start()
         node.ctr("images", "import", str(self.image["tar"]))

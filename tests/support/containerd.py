@@ -48,7 +48,8 @@ class Node:
     """One containerd daemon the test session owns."""
 
     def __init__(self, base: Path, name: str, bin_dir: Path, torpor_config: Path,
-                 netns: NetNS | None = None, cri: bool = False) -> None:
+                 netns: NetNS | None = None, cri: bool = False,
+                 extra_env: dict[str, str] | None = None) -> None:
         self.name = name
         self.root = base / name
         self.bin_dir = bin_dir
@@ -59,6 +60,7 @@ class Node:
         self.namespace = f"torpor-{os.getpid()}-{name}"
         self.config_path = self.root / "config.toml"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_env = dict(extra_env or {})
 
     @property
     def env(self) -> dict[str, str]:
@@ -68,6 +70,7 @@ class Node:
         env["CONTAINERD_ADDRESS"] = self.address
         env["CONTAINERD_NAMESPACE"] = self.namespace
         env.pop("TORPOR_RUNC_LOWLEVEL", None)
+        env.update(self.extra_env)
         return env
 
     def start(self) -> Node:
