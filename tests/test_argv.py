@@ -71,3 +71,14 @@ def test_with_flags_inserts_after_subcommand_only() -> None:
 
 def test_dispatch_table_is_small() -> None:
     assert set(DISPATCH) == {"create", "run", "checkpoint", "restore"}
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["r", "checkpoint", "--image-path", "/tmp/x", "--leave-running", "c"],
+     ["r", "checkpoint", "--image-path", "/dir", "--leave-running", "c"]),
+    (["r", "--log", "l", "checkpoint", "--image-path=/tmp/x", "c"],
+     ["r", "--log", "l", "checkpoint", "--image-path=/dir", "c"]),
+    (["r", "checkpoint", "c"], ["r", "checkpoint", "--image-path", "/dir", "c"]),
+])
+def test_with_flag_value(argv: list[str], expected: list[str]) -> None:
+    assert Invocation(argv).with_flag_value("image-path", "/dir") == expected

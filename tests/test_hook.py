@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 
-def hook(torpor_bin: Path, state_dir: Path, name: str, state: dict | None) -> subprocess.CompletedProcess[str]:
+def hook(torpor_bin: Path, state_dir: Path, name: str,
+         state: dict | None) -> subprocess.CompletedProcess[str]:
     data = json.dumps(state) if state is not None else ""
     return subprocess.run([torpor_bin / "torpor-hook", "--state-dir", str(state_dir), name],
                           input=data, capture_output=True, text=True)

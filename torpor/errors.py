@@ -80,6 +80,7 @@ class CriuError(CheckpointError):
     def __init__(self, message: str, *, log_path: str | None = None, hint: str | None = None):
         super().__init__(message, hint=hint)
         self.log_path = log_path
+        self.runtime_output = b""   # what runc printed, passed on after torpor's reason
 
 
 class RestoreError(TorporError):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import sys
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -14,6 +16,20 @@ class Globals:
     address: str
     namespace: str
     debug: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def client(self) -> Any:
+        from torpor.shim.containerd.client import Client
+
+        return Client(self.address, self.namespace)
+
+    def progress(self, quiet: bool = False) -> Any:
+        """A step reporter on stderr: `[ 1.2s] checkpointing the task ...`."""
+        def report(step: str) -> None:
+            if not quiet:
+                elapsed = time.monotonic() - self.started
+                click.echo(f"[{elapsed:5.1f}s] {step}", err=True)
+        return report
 
 
 def emit_json(data: Any) -> None:
@@ -34,3 +50,7 @@ def human_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()

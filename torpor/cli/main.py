@@ -32,12 +32,13 @@ class TorporGroup(click.Group):
     """Loads heavy commands on first use and turns torpor errors into one clear line."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+        return sorted({*super().list_commands(ctx),
+                       *(n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None)})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS:
             module = __import__(LAZY_COMMANDS[name], fromlist=["COMMANDS"])
-            command: click.Command = module.COMMANDS[name]
+            command: click.Command | None = module.COMMANDS.get(name)
             return command
         return super().get_command(ctx, name)
 
@@ -45,6 +46,8 @@ class TorporGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TorporError as e:
+            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+                raise
             click.echo(f"torpor: error: {e}", err=True)
             ctx.exit(e.exit_code)
 

@@ -1,7 +1,10 @@
 """Per-container records under the state dir (`/run/torpor` by default).
 
-    <state_dir>/containers/<namespace>/<id>/container.json    written by torpor-hook createRuntime
-    <state_dir>/containers/<namespace>/<id>/restore-net.json  left by torpor-runc restore for the hook
+    <state_dir>/containers/<namespace>/<id>/container.json   torpor-hook createRuntime writes it
+    <state_dir>/containers/<namespace>/<id>/restore-net.json torpor-runc restore leaves it for the hook
+    <state_dir>/containers/<namespace>/<id>/checkpoint-request.json
+        `torpor checkpoint` leaves its options here for torpor-runc, which takes (removes) it:
+        containerd passes runtime options through but no torpor-specific ones
 
 `<namespace>` is containerd's namespace, read from the bundle path
 (`.../io.containerd.runtime.v2.task/<namespace>/<id>`), or `_` for other engines. Stdlib only.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from typing import Any
 
 from torpor.shim.spec import write_atomic
@@ -89,3 +93,37 @@ def remove_record(directory: str) -> None:
         os.rmdir(parent)  # the namespace directory, once empty
     except OSError:
         pass
+
+
+CHECKPOINT_REQUEST = "checkpoint-request.json"
+REQUEST_TTL_S = 300
+
+
+def containerd_record_dir(state_dir: str, namespace: str, container_id: str) -> str:
+    """The record directory of a containerd container, from its namespace and id."""
+    return os.path.join(state_dir, "containers", namespace, container_id)
+
+
+def write_request(directory: str, request: dict[str, Any]) -> str:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, CHECKPOINT_REQUEST)
+    body = {**request, "expires": time.time() + REQUEST_TTL_S}
+    write_atomic(path, json.dumps(body).encode(), mode=0o600)
+    return path
+
+
+def take_request(directory: str) -> dict[str, Any]:
+    """The pending checkpoint request, removed as it is read; {} when none or expired."""
+    path = os.path.join(directory, CHECKPOINT_REQUEST)
+    try:
+        with open(path, "rb") as f:
+            request: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    if float(request.get("expires", 0)) < time.time():
+        return {}
+    return request

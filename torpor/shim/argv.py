@@ -111,6 +111,27 @@ class Invocation:
     def container_id(self) -> str | None:
         return self.positionals[-1] if self.positionals else None
 
+    def with_flag_value(self, name: str, value: str) -> list[str]:
+        """argv with every `--name V`/`--name=V` of the subcommand set to `value` (added if absent)."""
+        argv, out, i, found = self.argv, [], 0, False
+        while i < len(argv):
+            arg = argv[i]
+            if i > self.command_index and arg.startswith("-") and _split(arg)[0] == name:
+                found = True
+                if "=" in arg:
+                    out.append(f"{arg.split('=', 1)[0]}={value}")
+                else:
+                    out.extend([arg, value])
+                    i += 1
+                i += 1
+                continue
+            out.append(arg)
+            i += 1
+        if not found:
+            at = self.command_index + 1
+            out[at:at] = [f"--{name}", value]
+        return out
+
     def with_flags(self, extra: list[str]) -> list[str]:
         """argv with `extra` flags inserted right after the subcommand, everything else as is."""
         at = self.command_index + 1

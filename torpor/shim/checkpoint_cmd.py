@@ -3,8 +3,9 @@
 The steps, in order; each undoes itself if a later one fails (an ExitStack), so a failed or
 interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
 
- 1. read the container (runc state, its spec, its cgroup) and the request (torpor checkpoint's
-    options in the image dir, else the annotation, else the config);
+ 1. read the container (runc state, its spec, its cgroup) and the request (`torpor
+    checkpoint`'s options, left in the state dir; else the annotation, else the config); a
+    request may send CRIU's images to its own directory instead of the one containerd made;
  2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
     undo: restore and unlock. The container must not be frozen while this runs;
  3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
@@ -31,6 +32,7 @@ import torpor
 from torpor import netns, rootfs, volumes
 from torpor.errors import CheckpointError, CriuError
 from torpor.freezer import Cgroup
+from torpor.oci_hooks import records
 from torpor.shim import criu_log, image_dir, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.guardian import Guardian
@@ -109,15 +111,18 @@ def run(ctx: Context) -> int:
     if inv.has("help", "h") or inv.has("pre-dump") or not inv.container_id:
         runc_exec(ctx)  # runc answers help, pre-dumps and missing arguments itself
     container_id = inv.container_id or ""
-    image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
     started = time.monotonic()
     timings: dict[str, float] = {}
     current = runc.state(ctx.runtime, inv, container_id)
     pid, bundle = int(current["pid"]), current["bundle"]
     config = spec.load(bundle)
+    request = records.take_request(records.record_dir(ctx.cfg.runtime_state_dir, bundle,
+                                                      container_id))
+    image_path = (request.get("image_path") or inv.flag("image-path")
+                  or os.path.join(os.getcwd(), "checkpoint"))
+    argv = inv.with_flag_value("image-path", image_path) if request.get("image_path") else inv.argv
     os.makedirs(image_path, mode=0o700, exist_ok=True)
     out_dir = image_dir.ensure(image_path)
-    request = image_dir.read_request(image_path)
     chosen = policy(ctx, request, config)
     cgroup = Cgroup.of_pid(pid)
     flags = criu_flags(inv)
@@ -155,13 +160,16 @@ def run(ctx: Context) -> int:
         timings["files_s"] = time.monotonic() - t
 
         t = time.monotonic()
-        code = run_runc(ctx, guardian)
+        code, output = run_runc(ctx, argv, guardian)
         timings["runc_checkpoint_s"] = time.monotonic() - t
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
-            raise CriuError(f"runc checkpoint failed (exit {code})"
-                            + (f": {reason}" if reason else ""), log_path=log_path,
-                            hint=f"CRIU's log: {log_path}" if log_path else None)
+            error = CriuError(f"runc checkpoint failed (exit {code})"
+                              + (f": {reason}" if reason else ""), log_path=log_path,
+                              hint=f"CRIU's log: {log_path}" if log_path else None)
+            error.runtime_output = output
+            raise error
+        os.write(1, output)
 
         state["timings"] = {**timings, "total_s": time.monotonic() - started}
         state["frozen_by_torpor"] = we_froze
@@ -173,20 +181,24 @@ def run(ctx: Context) -> int:
     return 0
 
 
-def run_runc(ctx: Context, guardian: Guardian) -> int:
-    """`runc checkpoint` with the caller's argv. An interrupt waits for it: CRIU must finish."""
-    proc = subprocess.Popen([ctx.runtime, *ctx.inv.argv[1:]], close_fds=False)
+def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, bytes]:
+    """`runc checkpoint` with the caller's argv; its exit status and output. An interrupt waits
+    for it (CRIU must finish). The output is held back: on failure, torpor's reason goes first,
+    because containerd shows the first line."""
+    proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     guardian.tell(runc_pid=proc.pid)
     interrupted = False
+    output = b""
     while True:
         try:
-            code = proc.wait()
+            output, _ = proc.communicate()
             break
         except Interrupted:
             interrupted = True
     if interrupted:
         raise Interrupted("interrupted during runc checkpoint")
-    return code
+    return proc.returncode, output
 
 
 class Interrupted(CheckpointError):

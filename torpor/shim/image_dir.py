@@ -1,7 +1,6 @@
 """What torpor-runc keeps in a checkpoint's image directory, beside CRIU's own files.
 
     <image-path>/torpor/state.json        the container's torpor state (written last)
-    <image-path>/torpor/request.json      options from `torpor checkpoint` (absent for ctr)
     <image-path>/torpor/rootfs-diff.tar   the read-write layer, OCI layer with whiteouts
     <image-path>/torpor/volumes/N.tar     bind-mounted volumes
     <image-path>/torpor/devshm.tar        a bind-mounted /dev/shm
@@ -21,7 +20,6 @@ from torpor.shim.spec import write_atomic
 
 STATE_DIR = "torpor"
 STATE = "state.json"
-REQUEST = "request.json"
 ROOTFS_DIFF = "rootfs-diff.tar"
 FORMAT = "torpor.container-state.v1"
 
@@ -51,7 +49,3 @@ def read_json(path: str) -> dict[str, Any] | None:
 
 def read_state(image_path: str) -> dict[str, Any] | None:
     return read_json(os.path.join(state_dir(image_path), STATE))
-
-
-def read_request(image_path: str) -> dict[str, Any]:
-    return read_json(os.path.join(state_dir(image_path), REQUEST)) or {}

@@ -129,6 +129,11 @@ def _fail(argv: list[str], error: BaseException) -> int:
     log = RuncLog(Invocation(argv))
     if isinstance(error, TorporError):
         log.error(str(error))
+        if subcommand(argv) in ("checkpoint", "restore") and log.path:
+            # the shim reports the first line of these commands' output, not the log
+            sys.stderr.write(f"torpor: {' '.join(str(error).split())}\n")
+            sys.stderr.flush()
+            os.write(2, getattr(error, "runtime_output", b""))
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
         log.error("interrupted")

@@ -59,7 +59,9 @@ def translate(error: grpc.RpcError, what: str, address: str) -> ContainerdError:
         return ContainerdError(f"{what}: cannot reach containerd at {address}: {details}",
                                hint=_CODE_HINTS[code])
     hint = _CODE_HINTS.get(code) if code is not None else None
-    name = code.name.lower().replace("_", " ") if code is not None else "error"
+    if code in (None, grpc.StatusCode.UNKNOWN):
+        return ContainerdError(f"{what}: {details}", hint=hint)
+    name = code.name.lower().replace("_", " ")
     return ContainerdError(f"{what}: {details} ({name})", hint=hint)
 
 

@@ -1,0 +1,249 @@
+"""Checkpoint and restore whole containers through torpor's CLI and through ctr, on real
+containerd, runc and CRIU: memory, TCP connections, network identity and files come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_torpor
+from .support.containerd import Node
+from .support.netns import NetNS, veth_pair
+from .support.processes import wait_for
+from .support.workload import (
+    COUNTER,
+    LineClient,
+    containers,
+    exec_out,
+    freezer_state,
+    kv_ask,
+    read_counter,
+    task_pid,
+    task_status,
+    wait_counter_above,
+    wait_kv,
+)
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+
+
+def runc_binary(torpor_bin: Path) -> list[str]:
+    return ["--runtime", "io.containerd.runc.v2", "--runc-binary", str(torpor_bin / "torpor-runc")]
+
+
+@pytest.mark.parametrize("leave_running", [True, False], ids=["leave-running", "stop"])
+def test_counter_continues(node: Node, torpor_bin: Path, tmp_path: Path,
+                           test_image: dict[str, object], leave_running: bool) -> None:
+    name = f"counter-{'lr' if leave_running else 'stop'}"
+    with containers(node) as names:
+        names += [name, f"{name}-b"]
+        node.ctr("run", "-d", *(runc_binary(torpor_bin) if leave_running else SHIM),
+                 str(test_image["name"]), name, "sh", "-c", COUNTER)
+        before = wait_counter_above(node, name, 20)
+        flags = ["--leave-running"] if leave_running else []
+        result = run_torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"), *flags, "--json")
+        summary = json.loads(result.stdout)
+        assert summary["sizes"]["memory_pages"] > 0
+        if leave_running:
+            assert task_status(node, name) == "RUNNING"
+            wait_counter_above(node, name, before + 5)  # the original goes on counting
+        else:
+            assert task_status(node, name) == "STOPPED"
+        checkpointed = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+        assert checkpointed["container"]["id"] == name
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
+        resumed = read_counter(node, f"{name}-b")
+        assert resumed >= before  # from where it was, not from zero
+        wait_counter_above(node, f"{name}-b", resumed + 5)
+        assert (tmp_path / "ck" / "checkpoint.json").read_text() == json.dumps(
+            checkpointed, indent=1, sort_keys=True)  # the checkpoint is only read
+
+
+def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
+                                             test_image: dict[str, object]) -> None:
+    netns = NetNS("torpor-ctr")
+    host_if, _ = veth_pair(None, "10.77.0.1/24", netns, "10.77.0.2/24")
+    try:
+        with containers(node) as names:
+            names.append("tcp-kv")
+            node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{netns.path}",
+                     str(test_image["name"]), "tcp-kv", "kvserver", "7000")
+            client = wait_for(lambda: _connect("10.77.0.2", 7000), what="kvserver on the veth")
+            assert isinstance(client, LineClient)
+            assert client.ask("SET greeting hello") == "OK"
+            assert client.ask("INCR hits") == "1"
+            run_torpor(node, "checkpoint", "tcp-kv", "-o", str(tmp_path / "ck"),
+                       "--tcp-established")
+            node.ctr("tasks", "delete", "tcp-kv")
+            node.ctr("containers", "delete", "tcp-kv")
+            run_torpor(node, "restore", str(tmp_path / "ck"))
+            # the same socket, opened before the checkpoint, still answers, with the state
+            assert client.ask("GET greeting") == "hello"
+            assert client.ask("INCR hits") == "2"
+            assert client.ask("SERVED") == "5"
+            fresh = LineClient("10.77.0.2", 7000)
+            assert fresh.ask("GET greeting") == "hello"
+            client.close()
+            fresh.close()
+    finally:
+        netns.delete()
+        from .support.netns import ip
+
+        ip("link", "delete", host_if, check=False)
+
+
+def _connect(host: str, port: int) -> LineClient | None:
+    try:
+        return LineClient(host, port, timeout=5)
+    except OSError:
+        return None
+
+
+def test_files_come_back_under_a_new_name(node: Node, tmp_path: Path,
+                                          test_image: dict[str, object]) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "old.txt").write_text("was there before\n")
+    script = ("echo rootfs > /root/written; rm /etc/group; mkdir -p /var/new/deep; "
+              "echo deep > /var/new/deep/file; echo tmpfs > /scratch/file; "
+              "echo shm > /dev/shm/file; echo volume > /data/new.txt; rm /data/old.txt; "
+              "exec kvserver 7000")
+    with containers(node) as names:
+        names += ["files", "files-b"]
+        node.ctr("run", "-d", *SHIM, "--mount", f"type=bind,src={volume},dst=/data,options=rbind:rw",
+                 "--mount", "type=tmpfs,src=tmpfs,dst=/scratch,options=size=16m",
+                 str(test_image["name"]), "files", "sh", "-c", script)
+        wait_kv(node, "files")
+        run_torpor(node, "checkpoint", "files", "-o", str(tmp_path / "ck"))
+        node.ctr("tasks", "delete", "files")
+        # a fresh node would have an empty volume: empty this one
+        for entry in volume.iterdir():
+            entry.unlink()
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "files-b")
+        out = exec_out(node, "files-b", "sh", "-c",
+                       "cat /root/written /var/new/deep/file /scratch/file /dev/shm/file "
+                       "/data/new.txt; ls /etc/group /data/old.txt 2>&1; true")
+        assert out.splitlines()[:5] == ["rootfs", "deep", "tmpfs", "shm", "volume"]
+        assert "/etc/group: No such file or directory" in out
+        assert "/data/old.txt: No such file or directory" in out
+        assert (volume / "new.txt").read_text() == "volume\n"
+
+
+def test_ctr_checkpoint_carries_torpor_state(node: Node, tmp_path: Path,
+                                             test_image: dict[str, object]) -> None:
+    """`ctr c checkpoint --task` / `ctr c restore --live`: torpor's state rides in criu.tar."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    with containers(node) as names:
+        names.append("ctr-kv")
+        node.ctr("run", "-d", *SHIM, "--mount", f"type=bind,src={volume},dst=/data,options=rbind:rw",
+                 str(test_image["name"]), "ctr-kv", "sh", "-c",
+                 "echo kept > /data/v; exec kvserver 7000 127.0.0.1")
+        wait_kv(node, "ctr-kv")
+        assert kv_ask(node, "ctr-kv", "SET k v1") == "OK"
+        node.ctr("containers", "checkpoint", "--task", "ctr-kv", "localhost/ckpt/ctr-kv:1")
+        node.ctr("tasks", "delete", "--force", "ctr-kv")
+        node.ctr("containers", "delete", "ctr-kv")
+        (volume / "v").unlink()
+        node.ctr("containers", "restore", "--live", "ctr-kv", "localhost/ckpt/ctr-kv:1")
+        wait_for(lambda: task_status(node, "ctr-kv") == "RUNNING", what="restored task")
+        # lo is up again (torpor-hook ran at CRIU's setup-namespaces) so the server answers on
+        # 127.0.0.1 with the value set before the checkpoint, and the volume file is back
+        assert kv_ask(node, "ctr-kv", "GET k") == "v1"
+        assert (volume / "v").read_text() == "kept\n"
+        node.ctr("images", "rm", "localhost/ckpt/ctr-kv:1")
+
+
+def test_criu_failure_is_explained_and_the_container_keeps_running(
+        node: Node, tmp_path: Path, test_image: dict[str, object]) -> None:
+    """An established connection without --tcp-established: CRIU refuses, in its own words."""
+    with containers(node) as names:
+        names.append("refused")
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), "refused", "sh", "-c",
+                 f"kvserver 7000 & sleep 0.3; (while true; do echo PING; sleep 1; done) | "
+                 f"nc 127.0.0.1 7000 > /dev/null & {COUNTER}")
+        before = wait_counter_above(node, "refused", 10)
+        result = run_torpor(node, "checkpoint", "refused", "-o", str(tmp_path / "ck"),
+                            check=False)
+        assert result.returncode != 0
+        assert "Connected TCP socket" in result.stderr or "tcp-established" in result.stderr
+        assert not (tmp_path / "ck").exists()
+        assert task_status(node, "refused") == "RUNNING"
+        assert freezer_state(task_pid(node, "refused")) == "THAWED"
+        wait_counter_above(node, "refused", before + 5)
+
+
+def test_damaged_checkpoints_leave_nothing_behind(node: Node, tmp_path: Path,
+                                                  test_image: dict[str, object]) -> None:
+    with containers(node) as names:
+        names += ["damaged", "damaged-t", "damaged-c"]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), "damaged", "sh", "-c", COUNTER)
+        wait_counter_above(node, "damaged", 5)
+        ck = tmp_path / "ck"
+        run_torpor(node, "checkpoint", "damaged", "-o", str(ck), "--leave-running")
+        pages = next((ck / "criu").glob("pages-*.img"))
+        core = next((ck / "criu").glob("core-*.img"))
+
+        truncated = tmp_path / "truncated"
+        os.system(f"cp -a {ck} {truncated}")
+        with open(truncated / "criu" / pages.name, "r+b") as f:
+            f.truncate(pages.stat().st_size // 2)
+        result = run_torpor(node, "restore", str(truncated), "--name", "damaged-t", check=False)
+        assert result.returncode != 0
+        assert "incomplete or damaged" in result.stderr and pages.name in result.stderr
+
+        corrupt = tmp_path / "corrupt"
+        os.system(f"cp -a {ck} {corrupt}")
+        size = core.stat().st_size
+        (corrupt / "criu" / core.name).write_bytes(b"\xff" * size)
+        result = run_torpor(node, "restore", str(corrupt), "--name", "damaged-c", check=False)
+        assert result.returncode != 0
+        assert "restoring damaged-c failed" in result.stderr
+
+        listed = node.ctr("containers", "ls", "-q").stdout.split()
+        assert "damaged-t" not in listed and "damaged-c" not in listed
+        assert "damaged-c" not in node.ctr("tasks", "ls").stdout
+        snapshots = node.ctr("snapshots", "ls").stdout
+        assert "damaged-t" not in snapshots and "damaged-c" not in snapshots
+        assert task_status(node, "damaged") == "RUNNING"
+
+
+def test_killing_torpor_runc_mid_checkpoint_leaves_the_workload_running(
+        node: Node, tmp_path: Path, state_dir: Path, test_image: dict[str, object]) -> None:
+    hold = state_dir / "test-hold" / "frozen"
+    hold.parent.mkdir(parents=True, exist_ok=True)
+    with containers(node) as names:
+        names.append("killed")
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), "killed", "sh", "-c", COUNTER)
+        before = wait_counter_above(node, "killed", 5)
+        pid = task_pid(node, "killed")
+        hold.touch()
+        import subprocess
+
+        cli = subprocess.Popen([str(node.bin_dir / "torpor"), "checkpoint", "killed", "-o",
+                                str(tmp_path / "ck")], env=node.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            pid_file = Path(str(hold) + ".pid")
+            wait_for(pid_file.exists, timeout=30, what="torpor-runc to reach the hold")
+            assert freezer_state(pid) == "FROZEN"  # torpor-runc froze it, then we kill it
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            cli.communicate(timeout=60)
+        finally:
+            hold.unlink(missing_ok=True)
+            Path(str(hold) + ".pid").unlink(missing_ok=True)
+            if cli.poll() is None:
+                cli.kill()
+        assert cli.returncode != 0
+        wait_for(lambda: freezer_state(pid) == "THAWED", timeout=10, what="the guardian's thaw")
+        assert task_status(node, "killed") == "RUNNING"
+        wait_counter_above(node, "killed", before + 5)
+        # and nothing is left to spoil the next checkpoint
+        run_torpor(node, "checkpoint", "killed", "-o", str(tmp_path / "ck2"), "--leave-running")
+        time.sleep(0)

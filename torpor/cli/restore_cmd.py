@@ -1,0 +1,55 @@
+"""torpor restore DIR [--name NAME]: the container back, with its state."""
+
+from __future__ import annotations
+
+import click
+
+from torpor import config
+from torpor.cli.context import Globals, emit_json
+from torpor.restorer import RestoreOptions, restore
+
+
+def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
+    mapping = {}
+    for value in values:
+        destination, sep, source = value.partition("=")
+        if not sep or not destination.startswith("/") or not source.startswith("/"):
+            raise click.BadParameter(f"{value!r} is not DEST=SOURCE (absolute paths)",
+                                     param_hint="--volume")
+        mapping[destination.rstrip("/") or "/"] = source
+    return mapping
+
+
+@click.command("restore")
+@click.argument("source", metavar="DIR")
+@click.option("--name", help="Restore under this container name (default: the original).")
+@click.option("--netns", metavar="PATH",
+              help="Restore into this network namespace (e.g. a pod's) instead of a new one.")
+@click.option("--add-addresses", is_flag=True,
+              help="Add the addresses the checkpointed sockets need to that namespace.")
+@click.option("--volume", "volumes", multiple=True, metavar="DEST=SOURCE",
+              help="Put the volume saved at DEST back into host path SOURCE.")
+@click.option("--log-uri", metavar="URI",
+              help="The task's stdout/stderr (file:///path, binary:///path); default a file "
+              "under /var/log/torpor.")
+@click.option("--runtime-binary", metavar="PATH", help="torpor-runc on this node.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def restore_command(g: Globals, source: str, name: str | None, netns: str | None,
+                    add_addresses: bool, volumes: tuple[str, ...], log_uri: str | None,
+                    runtime_binary: str | None, as_json: bool) -> None:
+    """Restore a container from a checkpoint directory."""
+    options = RestoreOptions(name=name, netns=netns, add_addresses=add_addresses,
+                             volumes=parse_volume_map(volumes), log_uri=log_uri,
+                             runtime_binary=runtime_binary)
+    with g.client() as client:
+        result = restore(client, source, options, config.load(),
+                         progress=g.progress(quiet=as_json))
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"restored {result['name']} (pid {result['pid']}) in "
+               f"{result['timings']['total_s']:.2f}s; output: {result['log']}")
+
+
+COMMANDS = {"restore": restore_command}
