@@ -11,12 +11,15 @@ nodes that run other torpor versions.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from typing import Any
 
+from torpor import fastjson
 from torpor.oci_hooks import records
+
+TYPE_CHECKING = False  # runs on every container start and stop: no typing, json, shutil
+if TYPE_CHECKING:
+    from typing import Any
 
 KNOWN = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 DEFAULT_STATE_DIR = "/run/torpor"
@@ -28,7 +31,7 @@ def _warn(msg: str) -> None:
 
 def _read_state() -> dict[str, Any]:
     data = sys.stdin.buffer.read()
-    state = json.loads(data) if data.strip() else {}
+    state = fastjson.loads(data) if data.strip() else {}
     if not isinstance(state, dict):
         raise ValueError("OCI state on stdin is not a JSON object")
     return state
@@ -37,7 +40,7 @@ def _read_state() -> dict[str, Any]:
 def _load_spec(bundle: str) -> dict[str, Any]:
     try:
         with open(os.path.join(bundle, "config.json"), "rb") as f:
-            spec: dict[str, Any] = json.load(f)
+            spec: dict[str, Any] = fastjson.loads(f.read())
             return spec
     except (OSError, ValueError):
         return {}

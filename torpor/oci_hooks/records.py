@@ -12,13 +12,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
-from typing import Any
 
+from torpor import fastjson
 from torpor.shim.spec import write_atomic
+
+TYPE_CHECKING = False  # torpor-hook runs on every container start: no typing, json or shutil
+if TYPE_CHECKING:
+    from typing import Any
 
 GPU_DEVICE_PREFIXES = ("/dev/nvidia", "/dev/dri/")
 
@@ -73,21 +75,46 @@ def build_record(state: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
 def write_record(directory: str, record: dict[str, Any]) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, "container.json")
-    write_atomic(path, json.dumps(record, indent=1).encode(), mode=0o600)
+    write_atomic(path, fastjson.dumps(record).encode(), mode=0o600)
     return path
 
 
 def read_record(directory: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(directory, "container.json"), "rb") as f:
-            data: dict[str, Any] = json.load(f)
+            data: dict[str, Any] = fastjson.loads(f.read())
             return data
     except (OSError, ValueError):
         return None
 
 
+def _remove_tree(path: str) -> None:
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        os.unlink(path)
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            _remove_tree(entry.path)
+        else:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+
+
 def remove_record(directory: str) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        _remove_tree(directory)
+    except OSError:
+        pass
     parent = os.path.dirname(directory)
     try:
         os.rmdir(parent)  # the namespace directory, once empty
@@ -108,7 +135,7 @@ def write_request(directory: str, request: dict[str, Any]) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, CHECKPOINT_REQUEST)
     body = {**request, "expires": time.time() + REQUEST_TTL_S}
-    write_atomic(path, json.dumps(body).encode(), mode=0o600)
+    write_atomic(path, fastjson.dumps(body).encode(), mode=0o600)
     return path
 
 
@@ -117,7 +144,7 @@ def take_request(directory: str) -> dict[str, Any]:
     path = os.path.join(directory, CHECKPOINT_REQUEST)
     try:
         with open(path, "rb") as f:
-            request: dict[str, Any] = json.load(f)
+            request: dict[str, Any] = fastjson.loads(f.read())
     except (OSError, ValueError):
         return {}
     try:

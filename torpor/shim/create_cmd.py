@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from torpor.errors import ConfigError
 from torpor.shim import lowlevel, modifiers, spec
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from torpor.shim.main import Context
 

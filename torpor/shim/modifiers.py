@@ -7,9 +7,13 @@ twice equals applying it once, because a restored spec already carries the edits
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Protocol
 
-from torpor.shim.spec import Spec
+    from torpor.shim.spec import Spec
+else:
+    Protocol = object
 
 HOOK_MARKER = "torpor-hook"   # args[0] of every hook torpor writes: how it finds its own entries
 HOOK_NAMES = ("createRuntime", "poststop")

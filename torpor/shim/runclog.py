@@ -13,7 +13,9 @@ import os
 import sys
 import time
 
-from torpor.shim.argv import Invocation
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from torpor.shim.argv import Invocation
 
 LEVELS = ("debug", "info", "warning", "error")
 

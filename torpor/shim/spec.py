@@ -6,13 +6,16 @@ atomically (temporary file in the same directory, fsync, rename) and only when i
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
+from torpor import fastjson
 from torpor.errors import SpecError
 
-Spec = dict[str, Any]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Spec = dict[str, Any]
 
 
 def spec_path(bundle: str) -> str:
@@ -23,10 +26,10 @@ def load(bundle: str) -> Spec:
     path = spec_path(bundle)
     try:
         with open(path, "rb") as f:
-            spec = json.load(f)
+            spec = fastjson.loads(f.read())
     except FileNotFoundError:
         raise SpecError(f"{path} does not exist", hint="is --bundle right?") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:
         raise SpecError(f"{path} is not valid JSON: {e}") from None
     except OSError as e:
         raise SpecError(f"cannot read {path}: {e.strerror}") from None
@@ -62,6 +65,6 @@ def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
 def flush(bundle: str, spec: Spec) -> None:
     path = spec_path(bundle)
     try:
-        write_atomic(path, json.dumps(spec, separators=(",", ":")).encode())
+        write_atomic(path, fastjson.dumps(spec).encode())
     except OSError as e:
         raise SpecError(f"cannot write {path}: {e.strerror}") from None
