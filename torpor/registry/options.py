@@ -1,0 +1,31 @@
+"""How to reach a registry: credentials, TLS, timeouts, retries, parallelism. Defaults live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class RegistryOptions:
+    """Options for one push or pull.
+
+    username/password override docker's config.json; `docker_config` names another config.json.
+    `ca_file` is a PEM bundle trusted for the registry's TLS certificate. `insecure` allows an
+    unverified certificate and plain HTTP; loopback registries may use plain HTTP without it.
+    """
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    docker_config: Path | None = None
+    ca_file: Path | None = None
+    insecure: bool = False
+    timeout_s: float = 60.0
+    retries: int = 4
+    backoff_s: float = 0.5
+    parallel: int = 4
+    chunk_size: int = 64 * MIB          # blobs above this go in PATCH chunks of this size
+    manifest_limit: int = 4 * MIB       # what distribution accepts; larger manifests are refused
+    config_limit: int = 4 * MIB         # configs read into memory before layers are chosen

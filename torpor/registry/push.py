@@ -1,0 +1,152 @@
+"""Push an OCI image-layout directory to a registry.
+
+Order, so that the registry never sees a manifest before what it names:
+  1. index.json -> the top manifest or index, then every child manifest and nested index, each
+     read digest-checked; every config and layer they name must be in the layout (a layer with
+     `urls` may be absent: it is non-distributable and not pushed);
+  2. the blobs, largest first, `parallel` at a time: skipped when present, mounted from a
+     `mount_from` repository when the registry agrees, uploaded otherwise;
+  3. child manifests by digest, deepest first; 4. the top one under the reference's tag.
+Manifests are sent byte for byte as the layout holds them, so their digests do not change.
+Unknown media types are opaque blobs, never refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from torpor.errors import ImageError, RegistryError
+from torpor.registry import mediatypes
+from torpor.registry.blob_upload import Outcome, push_blob
+from torpor.registry.client import RepositoryClient
+from torpor.registry.descriptors import Descriptor, ManifestContents, manifest_contents
+from torpor.registry.digests import sha256_digest
+from torpor.registry.layout import REF_NAME, Layout
+from torpor.registry.options import RegistryOptions
+from torpor.registry.progress import ProgressCallback, TransferProgress
+from torpor.registry.reference import Reference, parse_reference
+from torpor.registry.session import RegistrySession
+
+MAX_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class PushResult:
+    reference: Reference  # with the pushed digest
+    digest: str
+    media_type: str
+    uploaded: int  # blobs sent
+    mounted: int  # blobs mounted from another repository
+    existing: int  # blobs the repository already had
+    bytes_uploaded: int
+
+
+@dataclass(frozen=True)
+class LayoutManifest:
+    descriptor: Descriptor
+    body: bytes
+    contents: ManifestContents
+
+
+def push_layout(layout_dir: Path | str, reference: Reference | str, *,
+                options: RegistryOptions | None = None, mount_from: Sequence[str] = (),
+                progress: ProgressCallback | None = None) -> PushResult:
+    """Copy the image that `layout_dir`'s index.json names to `reference` (tag `latest` if none).
+
+    index.json with one entry pushes that entry; with several, the one whose
+    `org.opencontainers.image.ref.name` is the reference's tag, else index.json itself as an index.
+    `progress(bytes done, bytes in all)` follows the blob uploads.
+    """
+    options = options or RegistryOptions()
+    ref = parse_reference(reference) if isinstance(reference, str) else reference
+    layout = Layout(Path(layout_dir))
+    top = _select_top(layout, ref, options.manifest_limit)
+    if ref.digest and ref.digest != top.descriptor.digest:
+        raise ImageError(f"{layout.root} holds {top.descriptor.digest}, not {ref.digest}")
+    manifests, blobs = walk(layout, top, options.manifest_limit)
+    session = RegistrySession.for_reference(ref, options)
+    try:
+        repo = RepositoryClient(session, ref.repository)
+        outcomes = _push_blobs(repo, layout, blobs, list(mount_from), options.parallel, progress)
+        for child in manifests[:-1]:
+            repo.put_manifest(child.descriptor.digest, child.body, child.descriptor.media_type)
+        said = repo.put_manifest(ref.digest or ref.tag or "latest", top.body, top.descriptor.media_type)
+    finally:
+        session.close()
+    digest = top.descriptor.digest
+    if said and said != digest:
+        raise RegistryError(f"registry {ref.registry} stored the manifest as {said}, torpor sent {digest}",
+                            hint="the registry rewrote the manifest; it does not keep OCI content as is")
+    return PushResult(
+        reference=ref.with_digest(digest), digest=digest, media_type=top.descriptor.media_type,
+        uploaded=sum(o is Outcome.UPLOADED for o in outcomes.values()),
+        mounted=sum(o is Outcome.MOUNTED for o in outcomes.values()),
+        existing=sum(o is Outcome.EXISTED for o in outcomes.values()),
+        bytes_uploaded=sum(blobs[d].size for d, o in outcomes.items() if o is Outcome.UPLOADED))
+
+
+def walk(layout: Layout, top: LayoutManifest,
+         limit: int) -> tuple[list[LayoutManifest], dict[str, Descriptor]]:
+    """Every manifest under `top`, children before parents (top last), and every blob they name."""
+    ordered: list[LayoutManifest] = []
+    blobs: dict[str, Descriptor] = {}
+    seen: set[str] = set()
+
+    def visit(node: LayoutManifest, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise ImageError(f"indexes in {layout.root} nest deeper than {MAX_DEPTH} levels")
+        seen.add(node.descriptor.digest)
+        for child in node.contents.manifests:
+            if child.digest not in seen:
+                visit(_read_manifest(layout, child, limit), depth + 1)
+        for blob in node.contents.blobs:
+            if layout.has_blob(blob.digest):
+                blobs.setdefault(blob.digest, blob)
+            elif not blob.urls:
+                raise ImageError(f"blob {blob.digest} ({blob.media_type}) named by manifest "
+                                 f"{node.descriptor.digest} is missing from the layout {layout.root}")
+        ordered.append(node)
+
+    visit(top, 0)
+    return ordered, blobs
+
+
+def _read_manifest(layout: Layout, descriptor: Descriptor, limit: int) -> LayoutManifest:
+    body = layout.read_small(descriptor, limit, "manifest")
+    document = mediatypes.parse_manifest(body, f"manifest {descriptor.digest}")
+    return LayoutManifest(descriptor, body, manifest_contents(document, descriptor.media_type,
+                                                              f"manifest {descriptor.digest}"))
+
+
+def _select_top(layout: Layout, ref: Reference, limit: int) -> LayoutManifest:
+    entries = layout.index_entries()
+    if not entries:
+        raise ImageError(f"{layout.root}/index.json names no manifest")
+    named = [e for e in entries if ref.tag and e.annotations.get(REF_NAME) == ref.tag]
+    if len(entries) == 1 or len(named) == 1:
+        return _read_manifest(layout, entries[0] if len(entries) == 1 else named[0], limit)
+    body = (layout.root / "index.json").read_bytes()
+    if len(body) > limit:
+        raise ImageError(f"{layout.root}/index.json is larger than the manifest limit of {limit} bytes")
+    document = mediatypes.parse_manifest(body, f"{layout.root}/index.json")
+    descriptor = Descriptor(mediatypes.OCI_INDEX, sha256_digest(body), len(body))
+    return LayoutManifest(descriptor, body, manifest_contents(document, mediatypes.OCI_INDEX, "index.json"))
+
+
+def _push_blobs(repo: RepositoryClient, layout: Layout, blobs: dict[str, Descriptor], mount_from: list[str],
+                parallel: int, callback: ProgressCallback | None) -> dict[str, Outcome]:
+    progress = TransferProgress(sum(b.size for b in blobs.values()), callback)
+    largest_first = sorted(blobs.values(), key=lambda b: b.size, reverse=True)
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="torpor-push") as pool:
+        futures = {pool.submit(push_blob, repo, layout.blob_path(b.digest), b, mount_from,
+                               progress.reporter(b.digest)): b.digest for b in largest_first}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+        for future in done:
+            if (error := future.exception()) is not None:
+                raise error
+    return {digest: future.result() for future, digest in futures.items()}

@@ -1,0 +1,129 @@
+"""Requests to one registry: authentication, retries with backoff, redirects, status checks.
+
+`request` sends a request whose body is bytes or nothing; `send_file` streams a body from a file
+and does not retry on its own (blob uploads resume instead, see blob_upload). Both answer one
+401 by renewing the credentials and sending again; an unexpected status becomes the error of
+http_errors. Redirects are followed for GET and HEAD, without credentials when they leave the
+registry's host (blob storage behind a CDN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+from torpor.errors import RegistryError
+from torpor.registry import http_errors
+from torpor.registry.auth import Authenticator
+from torpor.registry.credentials import Credentials, find_credentials
+from torpor.registry.options import RegistryOptions
+from torpor.registry.reference import Reference
+from torpor.registry.response import Response
+from torpor.registry.transport import ChunkObserver, ReadableFile, Transport, backoff_delays, sleep
+
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+@dataclass
+class FileBody:
+    """`length` bytes from `file`'s current position; `observe` sees each read before it is sent."""
+
+    file: ReadableFile
+    length: int
+    observe: ChunkObserver | None = None
+
+
+class RegistrySession:
+    """Everything that talks to one registry host, shared by the threads of a push or pull."""
+
+    def __init__(self, registry: str, host: str, options: RegistryOptions,
+                 credentials: Credentials | None) -> None:
+        self.registry, self.host, self.options = registry, host, options
+        self.transport = Transport(registry, options)
+        self.auth = Authenticator(registry, self.transport, credentials)
+
+    @classmethod
+    def for_reference(cls, ref: Reference, options: RegistryOptions) -> RegistrySession:
+        """A session for the reference's registry, with the credentials options or docker give."""
+        if options.username:
+            credentials: Credentials | None = Credentials(options.username, options.password or "",
+                                                          source="--username")
+        else:
+            credentials = find_credentials(ref.registry, options.docker_config)
+        return cls(ref.registry, ref.api_host, options, credentials)
+
+    def url(self, path: str) -> str:
+        return self.transport.base_url(self.host) + path
+
+    def request(self, method: str, url: str, *, scope: str, what: str, ok: Collection[int],
+                headers: dict[str, str] | None = None, body: bytes | None = None,
+                retry: bool = True) -> Response:
+        """Send and check the status; transient failures are retried with backoff."""
+        delays = backoff_delays(self.options) if retry else iter(())
+        while True:
+            try:
+                return self._authorised(method, url, scope, what, ok, headers or {}, lambda: body, None)
+            except http_errors.TransientError:
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                sleep(delay)
+
+    def send_file(self, method: str, url: str, *, scope: str, what: str, ok: Collection[int],
+                  headers: dict[str, str], open_body: Callable[[], FileBody]) -> Response:
+        """Stream a file body once (twice if the first answer is a 401); no retries."""
+        return self._authorised(method, url, scope, what, ok, headers, None, open_body)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def _authorised(self, method: str, url: str, scope: str, what: str, ok: Collection[int],
+                    headers: dict[str, str], body: Callable[[], bytes | None] | None,
+                    open_body: Callable[[], FileBody] | None) -> Response:
+        sent = self.auth.header(scope)
+        for attempt in range(2):
+            response = self._follow(method, url, what, headers, sent, body, open_body)
+            if response.status != 401 or attempt == 1:
+                break
+            challenges = response.headers.get_all("WWW-Authenticate") or []
+            response.discard()
+            sent = self.auth.renew(challenges, scope, sent)
+        if response.status == 401 and sent is not None and sent.startswith("Basic "):
+            response.discard()
+            raise self.auth.rejected()
+        if response.status not in ok:
+            raise self._error(response)
+        return response
+
+    def _follow(self, method: str, url: str, what: str, headers: dict[str, str], authorization: str | None,
+                body: Callable[[], bytes | None] | None,
+                open_body: Callable[[], FileBody] | None) -> Response:
+        for _ in range(MAX_REDIRECTS + 1):
+            own_host = urlsplit(url).netloc == self.host
+            all_headers = dict(headers)
+            if authorization and own_host:
+                all_headers["Authorization"] = authorization
+            if open_body is not None:
+                source = open_body()
+                response = self.transport.open(method, url, all_headers, what, body_file=source.file,
+                                               body_length=source.length, observe=source.observe)
+            else:
+                response = self.transport.open(method, url, all_headers, what,
+                                               body=body() if body else None)
+            location = response.header("Location")
+            if response.status not in REDIRECTS or method not in ("GET", "HEAD") or not location:
+                return response
+            response.discard()
+            url = urljoin(url, location)
+        raise http_errors.from_response(response.status, b"", f"{what} (too many redirects)", self.registry)
+
+    def _error(self, response: Response) -> RegistryError:
+        try:
+            body = response.read_limited(ERROR_BODY_LIMIT)
+        except RegistryError:
+            body = b""
+        headers = {name: value for name, value in response.headers.items()}
+        return http_errors.from_response(response.status, body, response.what, self.registry, headers)
