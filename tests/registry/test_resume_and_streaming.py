@@ -1,0 +1,105 @@
+"""Uploads survive a dropped connection, and large blobs stream through a bounded amount of memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torpor.registry import pull, push_layout
+
+from ..support.checkpoint_layouts import write_single_blob_layout
+from ..support.registry import Registry
+from ..support.tcp_proxy import DroppingProxy
+from .conftest import FAST
+
+pytestmark = pytest.mark.real
+
+MIB = 1 << 20
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_push_resumes_at_the_registrys_offset(plain_registry: Registry, tmp_path: Path) -> None:
+    """The connection drops after the 2nd PATCH's headers: the registry still holds chunk 1 and
+    says so (GET upload status, Range: 0-1048575); the push continues there, sending no byte twice."""
+    layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
+    proxy = DroppingProxy(plain_registry.port, nth=2, body_bytes=0)
+    try:
+        pushed = push_layout(layout.root, f"{proxy.host}/resume/web1:1",
+                             options=dataclasses.replace(FAST, chunk_size=MIB))
+    finally:
+        proxy.close()
+    assert proxy.dropped and pushed.uploaded == 2
+    assert proxy.forwarded_upstream < 5 * MIB + 64 * 1024, "resumed, not started again"
+    assert_registry_holds(plain_registry, layout.state_layers[0], tmp_path)
+
+
+def test_push_starts_a_new_session_when_the_registry_refuses_to_resume(plain_registry: Registry,
+                                                                        tmp_path: Path) -> None:
+    """The connection drops 300 kB into the 2nd PATCH: distribution 2.8 has written those bytes but
+    refuses the old session ("upload resumed at wrong offset"), so the blob is sent again."""
+    layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
+    proxy = DroppingProxy(plain_registry.port, nth=2, body_bytes=300_000)
+    try:
+        push_layout(layout.root, f"{proxy.host}/resume/web1:1",
+                    options=dataclasses.replace(FAST, chunk_size=MIB))
+    finally:
+        proxy.close()
+    assert proxy.dropped and proxy.forwarded_upstream > 6 * MIB
+    assert_registry_holds(plain_registry, layout.state_layers[0], tmp_path)
+
+
+def test_monolithic_upload_starts_again_after_a_drop(plain_registry: Registry, tmp_path: Path) -> None:
+    """A blob under the chunk size goes in one streamed PUT; a drop 1 MiB into it sends it again."""
+    layout = write_single_blob_layout(tmp_path / "layout", 3 * MIB)
+    proxy = DroppingProxy(plain_registry.port, nth=1, method=b"PUT", body_bytes=MIB)
+    try:
+        push_layout(layout.root, f"{proxy.host}/resume/web1:1",
+                    options=dataclasses.replace(FAST, parallel=1))
+    finally:
+        proxy.close()
+    assert proxy.dropped and proxy.forwarded_upstream > 4 * MIB
+    assert_registry_holds(plain_registry, layout.state_layers[0], tmp_path)
+
+
+def assert_registry_holds(registry: Registry, digest: str, tmp_path: Path) -> None:
+    assert registry.blob_data(digest).exists()
+    out = tmp_path / "pulled"
+    pull(f"{registry.host}/resume/web1:1", out, options=FAST)
+    assert (out / "blobs" / "sha256" / digest.split(":")[1]).exists()
+
+
+STREAMING_CHILD = textwrap.dedent("""
+    import json, resource, sys
+    from torpor.registry import RegistryOptions, pull, push_layout
+    layout, ref, out = sys.argv[1:4]
+    def peak_kib():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_kib()
+    options = RegistryOptions(parallel=2)
+    pushed = push_layout(layout, ref, options=options)
+    after_push = peak_kib()
+    pulled = pull(ref, out, options=options)
+    print(json.dumps({"before": before, "after_push": after_push, "after_pull": peak_kib(),
+                      "uploaded": pushed.bytes_uploaded, "downloaded": pulled.bytes_downloaded}))
+""")
+
+
+def test_large_blobs_stream(plain_registry: Registry, tmp_path: Path) -> None:
+    """A 200 MiB layer pushes and pulls while the process's peak RSS grows by far less than that."""
+    size = 200 * MIB
+    layout = write_single_blob_layout(tmp_path / "layout", size)
+    result = subprocess.run([sys.executable, "-c", STREAMING_CHILD, str(layout.root),
+                             f"{plain_registry.host}/big/web1:1", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    peaks = json.loads(result.stdout)
+    assert peaks["uploaded"] == size + 2 and peaks["downloaded"] == size + 2  # the layer and "{}"
+    grown_mib = (peaks["after_pull"] - peaks["before"]) / 1024
+    assert grown_mib < 32, f"peak RSS grew by {grown_mib:.0f} MiB moving a 200 MiB blob: {peaks}"
+    print(f"peak RSS grew by {grown_mib:.1f} MiB for a 200 MiB push and pull")
