@@ -25,7 +25,7 @@ from torpor.registry.transport import backoff_delays, sleep
 
 
 def download_blob(repo: RepositoryClient, blob: Descriptor, layout: Layout,
-                  report: Callable[[int], None], durable: bool = True) -> Path:
+                  report: Callable[[int], None], durable: bool) -> Path:
     """Fetch `blob` from `repo` into `layout`; returns its path. DigestMismatch or ImageError
     (truncated, too long) when the registry's content is not the descriptor's."""
     final = layout.blob_path(blob.digest)

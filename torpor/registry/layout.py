@@ -93,12 +93,12 @@ class Layout:
         directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         return directory
 
-    def write_small(self, digest: str, data: bytes) -> Path:
+    def write_small(self, digest: str, data: bytes, durable: bool) -> Path:
         """Write a digest-checked document as a blob; returns its path."""
         verify_bytes(data, digest, f"blob {digest}")
         path = self.blob_path(digest)
         self.blob_dir(digest)
-        write_atomically(path, data)
+        write_atomically(path, data, durable)
         return path
 
     def tag(self, descriptor: Descriptor, name: str | None) -> None:
@@ -126,14 +126,16 @@ def _same_entry(entry: object, digest: str, name: str | None) -> bool:
     return entry_name is None and entry.get("digest") == digest
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
+    """Write `data` to a temporary file beside `path` (0600), fsync it if `durable`, rename it."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     temporary = Path(name)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -29,3 +29,8 @@ class RegistryOptions:
     chunk_size: int = 64 * MIB          # blobs above this go in PATCH chunks of this size
     manifest_limit: int = 4 * MIB       # what distribution accepts; larger manifests are refused
     config_limit: int = 4 * MIB         # configs read into memory before layers are chosen
+    # fsync each pulled blob before renaming it into place. Off by default: a pulled layout is a
+    # cache whose every blob is digest-checked when it is read, and fsync of a checkpoint's
+    # gigabytes of memory pages would sit on the restore's critical path (docs/registry.md).
+    # index.json, the layout's commit point, is always written with fsync.
+    fsync_blobs: bool = False

@@ -146,7 +146,8 @@ class PullPlan:
                 large[config.digest] = config
             for descriptor, body in documents:
                 if not _intact(layout, descriptor):
-                    added.append(layout.write_small(descriptor.digest, body))
+                    added.append(layout.write_small(descriptor.digest, body,
+                                                    self._session.options.fsync_blobs))
         return large
 
     def _fetch(self, layout: Layout, blobs: list[Descriptor], added: list[Path],
@@ -155,7 +156,8 @@ class PullPlan:
         parallel = max(1, self._session.options.parallel)
         largest_first = sorted(blobs, key=lambda b: b.size, reverse=True)
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="torpor-pull") as pool:
-            futures = [pool.submit(download_blob, self._repo, b, layout, progress.reporter(b.digest))
+            durable = self._session.options.fsync_blobs
+            futures = [pool.submit(download_blob, self._repo, b, layout, progress.reporter(b.digest), durable)
                        for b in largest_first]
             _, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
