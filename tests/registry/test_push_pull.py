@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -27,6 +28,16 @@ from .conftest import FAST
 pytestmark = pytest.mark.real
 
 
+def configs(layout: WrittenLayout) -> set[str]:
+    """Digests of every config: pull reads them in its first phase, outside the progress bar."""
+    found = set()
+    for body in layout.manifests.values():
+        config = json.loads(body).get("config")
+        if config:
+            found.add(config["digest"])
+    return found
+
+
 def blob_file(root: Path, digest: str) -> Path:
     return root / "blobs" / "sha256" / digest.split(":")[1]
 
@@ -45,8 +56,12 @@ def test_push_then_pull_is_byte_identical(plain_registry: Registry, layout: Writ
     assert all(a[0] <= b[0] for a, b in itertools.pairwise(progress))
 
     out = tmp_path / "pulled"
-    pulled = pull(ref, out, options=FAST)
+    pulled_progress: list[tuple[int, int]] = []
+    pulled = pull(ref, out, options=dataclasses.replace(FAST, fsync_blobs=True),
+                  progress=lambda done, total: pulled_progress.append((done, total)))
     assert pulled.digest == pushed.digest
+    assert pulled_progress[-1][0] == pulled_progress[-1][1] == sum(
+        size for digest, size in layout.blobs.items() if digest not in configs(layout))
     for digest, body in layout.manifests.items():
         assert blob_file(out, digest).read_bytes() == body, f"manifest {digest} changed"
     for digest in layout.blobs:
@@ -55,6 +70,7 @@ def test_push_then_pull_is_byte_identical(plain_registry: Registry, layout: Writ
         d.split(":")[1] for d in [*layout.manifests, *layout.blobs])
     index = json.loads((out / "index.json").read_text())
     assert index["manifests"][0]["digest"] == pushed.digest
+    assert index["manifests"][0]["artifactType"] == CHECKPOINT_ARTIFACT
     assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == "ckpt-1"
     assert (out / "oci-layout").exists()
     for path in [out, *out.rglob("*")]:

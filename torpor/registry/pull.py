@@ -109,7 +109,7 @@ class PullPlan:
             to_fetch.update({d.descriptor.digest: d.descriptor for d in chosen
                              if not _intact(layout, d.descriptor)})
             fetched = self._fetch(layout, list(to_fetch.values()), added, progress)
-            layout.tag(self.top.descriptor, self.reference.tag)
+            layout.tag(self._top_entry(), self.reference.tag)
         except BaseException:
             for path in added:
                 path.unlink(missing_ok=True)
@@ -126,6 +126,12 @@ class PullPlan:
 
     def close(self) -> None:
         self._session.close()
+
+    def _top_entry(self) -> Descriptor:
+        """The top descriptor for index.json, with the artifactType its document declares."""
+        top = self.top.descriptor
+        raw = {"artifactType": self.top.artifact_type} if self.top.artifact_type else {}
+        return Descriptor(top.media_type, top.digest, top.size, raw)
 
     def __enter__(self) -> PullPlan:
         return self
