@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from torpor.errors import AuthError, RegistryError
 from torpor.registry import RegistryOptions, pull, push_layout
 from torpor.registry.session import RegistrySession
 
-from ..support.checkpoint_layouts import WrittenLayout
+from ..support.checkpoint_layouts import WrittenLayout, write_single_blob_layout
 from ..support.registry import Registry, credential_helper, docker_config
 from ..support.token_server import TokenServer
 from .conftest import FAST
@@ -145,3 +146,26 @@ def test_nothing_listening_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(RegistryError, match="connection refused"):
         pull(f"127.0.0.1:{free_port()}/team/web1:1", tmp_path / "out", options=FAST)
+
+
+def test_token_rejected_in_the_middle_of_an_upload(token_registry: Registry, token_server: TokenServer,
+                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry refuses the token of a PATCH (as when it expires mid-push): the chunk is sent
+    again, from its start, with a fresh token, and the blob arrives intact."""
+    layout = write_single_blob_layout(tmp_path / "big", 3 << 20)
+    original = RegistrySession.send_file
+    poisoned: list[str] = []
+
+    def send_file(self: RegistrySession, method: str, url: str, **kwargs: Any) -> Any:
+        if method == "PATCH" and not poisoned:
+            poisoned.append(kwargs["scope"])
+            self.auth._tokens[kwargs["scope"]] = ("revoked", float("inf"))
+        return original(self, method, url, **kwargs)
+
+    monkeypatch.setattr(RegistrySession, "send_file", send_file)
+    ref = f"{token_registry.host}/team/big:1"
+    login = dataclasses.replace(with_login("alice", "wonderland"), chunk_size=1 << 20)
+    push_layout(layout.root, ref, options=login)
+    assert poisoned
+    pulled = pull(ref, tmp_path / "out", options=login)
+    assert pulled.bytes_downloaded == (3 << 20) + 2  # the layer and the empty config

@@ -84,7 +84,7 @@ class _Uploader:
 
     def _monolithic(self, location: str) -> None:
         while True:
-            self._rewind(0)
+            self._rewind(0)  # a new session: the whole blob again
             try:
                 self.repo.send_upload("PUT", location, self.what, self._body(self.blob.size),
                                       query={"digest": self.blob.digest}).discard()
@@ -150,12 +150,20 @@ class _Uploader:
             raise
         sleep(delay)
 
-    def _body(self, length: int) -> FileBody:
+    def _body(self, length: int) -> Callable[[], FileBody]:
+        """A body of `length` bytes from the current offset; each call (a resend after a 401)
+        seeks back there, with the hasher as it was."""
+        start = self.hashed
+
         def observe(chunk: memoryview) -> None:
             self.hasher.update(chunk)
             self.hashed += len(chunk)
             self.report(self.hashed)
-        return FileBody(self.file, length, observe)
+
+        def open_body() -> FileBody:
+            self._rewind(start)
+            return FileBody(self.file, length, observe)
+        return open_body
 
     def _verify(self) -> None:
         verify_hasher(self.hasher, self.blob.digest, f"blob {self.blob.digest} in the layout")

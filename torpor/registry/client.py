@@ -6,6 +6,7 @@ mean what. Streaming uploads and downloads are built on these in blob_upload and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urljoin
 
@@ -76,18 +77,19 @@ class RepositoryClient:
         except RegistryError:
             pass  # best effort: the registry expires abandoned uploads
 
-    def send_upload(self, method: str, location: str, what: str, open_body: FileBody | None,
+    def send_upload(self, method: str, location: str, what: str, open_body: Callable[[], FileBody] | None,
                     query: dict[str, str] | None = None, content_range: str | None = None) -> Response:
-        """PATCH a chunk or PUT the end of an upload, streaming the body from a file."""
+        """PATCH a chunk or PUT the end of an upload, streaming the body from a file.
+        `open_body` positions the file at the body's start each time it is called."""
         url = location
         if query:
             url += ("&" if "?" in url else "?") + urlencode(query)
         headers = {"Content-Type": "application/octet-stream"}
         if content_range:
             headers["Content-Range"] = content_range
-        body = open_body or FileBody(_Empty(), 0)
         return self.session.send_file(method, url, scope=self.push_scope, what=what, headers=headers,
-                                      ok=(201,) if method == "PUT" else (202,), open_body=lambda: body)
+                                      ok=(201,) if method == "PUT" else (202,),
+                                      open_body=open_body or (lambda: FileBody(_Empty(), 0)))
 
     def location_of(self, response: Response) -> str:
         return self._location(response, response.url)

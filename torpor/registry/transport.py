@@ -76,15 +76,19 @@ class Transport:
             for name, value in all_headers.items():
                 conn.putheader(name, value)
             conn.endheaders()
-            if body:
-                conn.send(body)
-            elif body_file is not None:
-                _send_file(conn, body_file, body_length, observe)
+            body_sent = True
+            try:
+                if body:
+                    conn.send(body)
+                elif body_file is not None:
+                    _send_file(conn, body_file, body_length, observe)
+            except (BrokenPipeError, ConnectionResetError):
+                body_sent = False  # the registry may have answered (401, 413) before reading it all
             answer = conn.getresponse()
         except (*http_errors.FOREIGN,) as e:
             self.release(key, conn, False)
             raise self.network_error(e, what) from None
-        return Response(answer, url, what, lambda reusable: self.release(key, conn, reusable),
+        return Response(answer, url, what, lambda reusable: self.release(key, conn, reusable and body_sent),
                         self.network_error)
 
     def network_error(self, exc: BaseException, what: str) -> RegistryError:
