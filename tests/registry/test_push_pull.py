@@ -174,3 +174,39 @@ def test_blobs_already_in_the_target_layout_are_kept(plain_registry: Registry, l
     second = pull(ref, out, options=FAST)
     configs = 3  # image, state and empty configs: fetched again in phase 1; the layers are not
     assert second.downloaded == configs and os.stat(blob_file(out, big)).st_ino == inode
+
+
+def test_docker_v2_manifest_list(plain_registry: Registry, tmp_path: Path) -> None:
+    """Docker's schema 2 types go out and come back with their own Content-Type, bytes unchanged."""
+    root = tmp_path / "docker-layout"
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> dict[str, object]:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        (blobs / digest.split(":")[1]).write_bytes(data)
+        return {"digest": digest, "size": len(data)}
+
+    config = put(b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
+    layer = put(b"\x1f\x8b" + bytes(100))
+    manifest_body = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **config},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", **layer}]}).encode()
+    manifest = put(manifest_body)
+    list_body = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.list.v2+json",
+        "manifests": [{"mediaType": "application/vnd.docker.distribution.manifest.v2+json", **manifest,
+                       "platform": {"architecture": "amd64", "os": "linux"}}]}).encode()
+    top = put(list_body)
+    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.docker.distribution.manifest.list.v2+json", **top}]}))
+    (root / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+
+    ref = f"{plain_registry.host}/team/docker:1"
+    pushed = push_layout(root, ref, options=FAST)
+    assert pushed.digest == top["digest"]
+    pulled = pull(ref, tmp_path / "out", options=FAST)
+    assert pulled.media_type == "application/vnd.docker.distribution.manifest.list.v2+json"
+    assert blob_file(tmp_path / "out", str(top["digest"])).read_bytes() == list_body
+    assert blob_file(tmp_path / "out", str(manifest["digest"])).read_bytes() == manifest_body
