@@ -33,7 +33,7 @@ class World:
         workloads = base / "workloads"
         workloads.mkdir()
         extra = {}
-        for name in ("kvserver",):
+        for name in ("kvserver", "memhog"):
             data = images.compile_static(REPO / "tests" / "workloads" / f"{name}.c", workloads / name)
             extra[f"bin/{name}"] = (data, 0o755)
         self.layout = base / "image-layout"

@@ -71,7 +71,7 @@ def workloads(session_dir: Path) -> dict[str, bytes]:
     out = session_dir / "workloads"
     out.mkdir(exist_ok=True)
     return {name: images.compile_static(REPO / "tests" / "workloads" / f"{name}.c", out / name)
-            for name in ("kvserver",)}
+            for name in ("kvserver", "memhog")}
 
 
 @pytest.fixture(scope="session")

@@ -158,9 +158,14 @@ def add_addresses(netns: str, wanted: list[str], recorded: dict[str, Any]) -> No
         raise NetworkError(f"cannot add addresses {', '.join(wanted)} in {netns}: {e}") from None
 
 
+KERNEL_LO_ADDRESSES = {("127.0.0.1", 8), ("::1", 128)}
+
+
 def restore_plan(recorded: dict[str, Any]) -> dict[str, Any]:
-    """What the hook sets up in a namespace CRIU has just created (only lo exists there)."""
-    addresses = [a for a in recorded.get("addresses", []) if a.get("ifname") == "lo"]
+    """What the hook sets up in a namespace CRIU has just created (only lo exists there). The
+    kernel gives lo its usual addresses as it comes up, so only others are listed."""
+    addresses = [a for a in recorded.get("addresses", []) if a.get("ifname") == "lo"
+                 and (a.get("address"), a.get("prefixlen")) not in KERNEL_LO_ADDRESSES]
     routes = [r for r in recorded.get("routes", []) if r.get("oif") == "lo"]
     return {"up": ["lo"], "addresses": addresses, "routes": routes}
 
@@ -172,10 +177,9 @@ def write_restore_plan(path: str, plan: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(plan).encode(), mode=0o600)
 
 
-def apply_restore_plan(path: str, pid: int) -> None:
-    """Run by torpor-hook createRuntime during a restore, in the restored init's namespace."""
-    with open(path) as f:
-        plan = json.load(f)
+def apply_restore_plan(plan: dict[str, Any], pid: int) -> None:
+    """Run by torpor-hook createRuntime during a restore, in the restored init's namespace,
+    for plans beyond bringing lo up (see torpor.oci_hooks.netplan)."""
     netns = f"/proc/{pid}/ns/net"
     try:
         with _ipr(netns) as ipr:
@@ -204,8 +208,3 @@ def apply_restore_plan(path: str, pid: int) -> None:
                         raise
     except Exception as e:
         raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
-    finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass

@@ -55,9 +55,9 @@ def create_runtime(state_dir: str, state: dict[str, Any]) -> int:
     directory = records.record_dir(state_dir, bundle, container_id)
     plan = os.path.join(directory, "restore-net.json")
     if os.path.exists(plan):
-        from torpor.netns import apply_restore_plan  # heavy: only during a restore
+        from torpor.oci_hooks import netplan  # only during a restore
 
-        apply_restore_plan(plan, int(state.get("pid") or 0))
+        netplan.apply(plan, int(state.get("pid") or 0))
     try:
         records.write_record(directory, records.build_record(state, _load_spec(bundle)))
     except OSError as e:

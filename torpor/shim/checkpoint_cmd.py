@@ -153,15 +153,15 @@ def run(ctx: Context) -> int:
 
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
                       thaw=not cgroup.is_frozen())
-        we_froze = undo.enter_context(frozen(cgroup, ctx.log))
-        hold(ctx, "frozen")
-        t = time.monotonic()
-        state["files"] = save_files(ctx, pid, config, chosen, out_dir)
-        timings["files_s"] = time.monotonic() - t
-
-        t = time.monotonic()
-        code, output = run_runc(ctx, argv, guardian)
-        timings["runc_checkpoint_s"] = time.monotonic() - t
+        with frozen(cgroup, ctx.log) as we_froze:  # thawed as soon as runc is done
+            hold(ctx, "frozen")
+            t = time.monotonic()
+            state["files"] = save_files(ctx, pid, config, chosen, out_dir)
+            timings["files_s"] = time.monotonic() - t
+            t = time.monotonic()
+            code, output = run_runc(ctx, argv, guardian)
+            timings["runc_checkpoint_s"] = time.monotonic() - t
+        guardian.tell(thaw=False)
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
             error = CriuError(f"runc checkpoint failed (exit {code})"
@@ -177,7 +177,7 @@ def run(ctx: Context) -> int:
         if not flags["leave-running"]:
             undo.pop_all()  # the container is gone: nothing to thaw or resume
             guardian.release()
-        # leaving the block thaws (if we froze) and restores + unlocks the GPUs (leave-running)
+        # leaving the block restores and unlocks the GPUs (leave-running)
     return 0
 
 

@@ -1,0 +1,75 @@
+"""Setting up a restored container's new network namespace, from torpor-hook at CRIU's
+setup-namespaces step, before CRIU binds sockets again.
+
+Almost every plan is "bring lo up" (the kernel gives lo 127.0.0.1/8 and ::1 as it comes up),
+and that runs inside CRIU's restore, so it is done here with the standard library: setns(2) into
+the restored init's namespace and one RTM_NEWLINK over rtnetlink. Plans with more (addresses on
+lo, routes) go to torpor.netns, which uses pyroute2.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+from torpor import fastjson
+
+CLONE_NEWNET = 0x40000000
+RTM_NEWLINK = 16
+NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLMSG_ERROR = 2
+IFF_UP = 0x1
+LOOPBACK_INDEX = 1
+
+
+def _setns(path: str) -> None:
+    setns = getattr(os, "setns", None)  # Python 3.12+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if setns is not None:
+            setns(fd, CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno), path)
+    finally:
+        os.close(fd)
+
+
+def _link_up(index: int) -> None:
+    """rtnetlink: set IFF_UP on the link with this index, and wait for the kernel's answer."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP, IFF_UP)
+        header = struct.pack("=IHHII", 16 + len(ifinfo), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
+                             1, 0)
+        sock.send(header + ifinfo)
+        reply = sock.recv(4096)
+        _length, kind = struct.unpack_from("=IH", reply)
+        if kind == NLMSG_ERROR:
+            (error,) = struct.unpack_from("=i", reply, 16)
+            if error:
+                raise OSError(-error, os.strerror(-error), "RTM_NEWLINK lo up")
+
+
+def apply(plan_path: str, pid: int) -> None:
+    """Apply the plan torpor-runc restore left, in pid's network namespace; then remove it."""
+    try:
+        with open(plan_path, "rb") as f:
+            plan = fastjson.loads(f.read())
+        if plan.get("addresses") or plan.get("routes") or set(plan.get("up", [])) - {"lo"}:
+            from torpor.netns import apply_restore_plan
+
+            apply_restore_plan(plan, pid)
+            return
+        if "lo" in plan.get("up", []):
+            _setns(f"/proc/{pid}/ns/net")
+            _link_up(LOOPBACK_INDEX)
+    finally:
+        try:
+            os.unlink(plan_path)
+        except OSError:
+            pass
