@@ -167,7 +167,7 @@ def _metadata(container: containers_pb2.Container, runtime: dict[str, Any],
         "options": {k: v for k, v in asdict(options).items() if k != "extra"},
         "node": node.gather().to_dict(),
         "state": {k: state.get(k) for k in ("criu_flags", "network", "files", "gpu", "policy",
-                                            "timings", "init_pid")},
+                                            "timings", "init_pid", "processes")},
         "sizes": {"memory_pages": pages, "total": sum(f["size"] for f in files),
                   "rootfs_diff": next((f["size"] for f in files
                                        if f["path"] == checkpoint_dir.ROOTFS_DIFF), 0)},

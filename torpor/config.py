@@ -20,6 +20,15 @@ default file means all defaults. Layout::
     nvml_library = "libnvidia-ml.so.1"
     lock_timeout_ms = 10000
 
+    [image]
+    store = "/var/lib/torpor"     # local checkpoint images (torpor ls, rm) and scratch space
+    zstd_level = 1                # layer compression: 1 is fast; 3 to 19 trade time for size
+
+    [registry]
+    docker_config = ""            # credentials: default $DOCKER_CONFIG or ~/.docker/config.json
+    ca_file = ""                  # extra CA certificates for registries with private TLS
+    insecure = []                 # registries reached over plain http, e.g. ["localhost:5000"]
+
 Stdlib only and no dataclasses: torpor-runc reads this on every call.
 """
 
@@ -53,6 +62,15 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "nvml_library": (str, "libnvidia-ml.so.1"),
         "lock_timeout_ms": (int, 10000),
     },
+    "image": {
+        "store": (str, "/var/lib/torpor"),
+        "zstd_level": (int, 1),
+    },
+    "registry": {
+        "docker_config": (str, ""),
+        "ca_file": (str, ""),
+        "insecure": (list, []),
+    },
 }
 
 
@@ -68,7 +86,12 @@ class Config:
         "gpu_cuda_library",
         "gpu_lock_timeout_ms",
         "gpu_nvml_library",
+        "image_store",
+        "image_zstd_level",
         "path",
+        "registry_ca_file",
+        "registry_docker_config",
+        "registry_insecure",
         "runtime_hook_path",
         "runtime_path",
         "runtime_state_dir",
@@ -85,6 +108,11 @@ class Config:
     gpu_cuda_library: str
     gpu_nvml_library: str
     gpu_lock_timeout_ms: int
+    image_store: str
+    image_zstd_level: int
+    registry_docker_config: str
+    registry_ca_file: str
+    registry_insecure: list[str]
     path: str | None
 
     def __init__(self, values: dict[str, Any] | None = None, path: str | None = None) -> None:

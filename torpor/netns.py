@@ -20,7 +20,9 @@ from typing import Any
 from torpor.errors import NetworkError
 
 FAMILIES = {socket.AF_INET: "inet", socket.AF_INET6: "inet6"}
-TCP_STATES = {"01": "established", "0A": "listen"}
+TCP_STATES = {"01": "established", "02": "syn-sent", "03": "syn-recv", "04": "fin-wait1",
+              "05": "fin-wait2", "06": "time-wait", "07": "close", "08": "close-wait",
+              "09": "last-ack", "0A": "listen", "0B": "closing"}
 
 
 def _ipr(netns: str) -> Any:

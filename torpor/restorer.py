@@ -111,7 +111,10 @@ def apply_rootfs_diff(client: Client, path: str, mounts: list[types_pb2.Mount]) 
 
 def restore(client: Client, directory: str, options: RestoreOptions, cfg: Config,
             progress: Progress = lambda step: None,
-            prepare_image: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            rootfs_image: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Restore from the checkpoint directory `directory`. `rootfs_image` (an image_chain) is an
+    image in containerd that already holds the read-write layer (a checkpoint image's runnable
+    manifest); without it, the base image plus the directory's rootfs-diff.tar are used."""
     started = time.time()
     directory = os.path.abspath(directory)
     progress(f"checking {directory}")
@@ -128,17 +131,18 @@ def restore(client: Client, directory: str, options: RestoreOptions, cfg: Config
     image = metadata.get("image")
     if not image:
         raise RestoreError("the checkpoint records no base image")
-    if prepare_image is not None:
-        prepare_image(metadata)
-    progress(f"preparing the base image {image['name']}")
-    try:
-        present = containerd_image.image_chain(client, image["name"])
-    except NotFound:
-        raise RestoreError(f"the base image {image['name']} is not in containerd",
-                           hint=f"pull it first (ctr images pull {image['name']})") from None
-    if present["chain_id"] != image["chain_id"]:
-        raise RestoreError(f"the image {image['name']} in containerd has other layers than the "
-                           f"checkpoint's base ({image['manifest']['digest']})")
+    if rootfs_image is not None:
+        present, image = rootfs_image, rootfs_image
+    else:
+        progress(f"preparing the base image {image['name']}")
+        try:
+            present = containerd_image.image_chain(client, image["name"])
+        except NotFound:
+            raise RestoreError(f"the base image {image['name']} is not in containerd",
+                               hint=f"pull it first (ctr images pull {image['name']})") from None
+        if present["chain_id"] != image["chain_id"]:
+            raise RestoreError(f"the image {image['name']} in containerd has other layers than "
+                               f"the checkpoint's base ({image['manifest']['digest']})")
     spec = rewrite_spec(original["spec"], original["id"], name, client.namespace, options)
     binary = options.runtime_binary or default_runtime_binary()
     runtime = original.get("runtime") or {}
@@ -151,7 +155,7 @@ def restore(client: Client, directory: str, options: RestoreOptions, cfg: Config
         mounts = client.prepare_snapshot(snapshotter, name, image["chain_id"])
         undo.callback(_quietly, client.remove_snapshot, snapshotter, name)
         diff = os.path.join(directory, checkpoint_dir.ROOTFS_DIFF)
-        if os.path.exists(diff) and os.path.getsize(diff) > 0:
+        if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
             apply_rootfs_diff(client, diff, mounts)
         common = {"binary_name": binary, "root": runtime.get("root", ""),
                   "systemd_cgroup": bool(runtime.get("systemd_cgroup"))}

@@ -81,7 +81,8 @@ class Node:
         containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"))
         cmd = ["containerd", "--config", str(self.config_path)]
         if self.netns is not None:
-            cmd = ["ip", "netns", "exec", self.netns.name, *cmd]
+            # nsenter, not `ip netns exec`: that also remounts /sys, hiding the cgroup mounts
+            cmd = ["nsenter", f"--net={self.netns.path}", *cmd]
         log = open(self.root / "containerd.log", "wb")
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()

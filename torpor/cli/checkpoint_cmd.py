@@ -7,6 +7,7 @@ import click
 from torpor import config
 from torpor.checkpointer import CheckpointOptions, checkpoint
 from torpor.cli.context import Globals, emit_json, human_size
+from torpor.cli.registry_flags import flags_from, registry_options
 
 
 def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
@@ -22,8 +23,13 @@ def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
 
 @click.command("checkpoint")
 @click.argument("container")
-@click.option("-o", "--output", "directory", required=True, metavar="DIR",
+@click.option("-o", "--output", "directory", metavar="DIR",
               help="Write the checkpoint into this (new or empty) directory.")
+@click.option("--oci", is_flag=True,
+              help="With -o: write an OCI image layout (what --push sends) instead.")
+@click.option("-t", "--tag", "ref", metavar="REF",
+              help="Make a checkpoint image REF (kept locally: torpor ls).")
+@click.option("--push", is_flag=True, help="Push the image to REF's registry.")
 @click.option("--leave-running", "-R", is_flag=True, help="Keep the container running.")
 @click.option("--tcp-established", is_flag=True, help="Save established TCP connections.")
 @click.option("--file-locks", is_flag=True, help="Save file locks.")
@@ -33,17 +39,52 @@ def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
               help="Bind-mounted volumes to save, by destination (repeat or comma-separate); "
               "default: the annotation io.torpor.checkpoint.volumes, else the config (all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
 @click.pass_obj
-def checkpoint_command(g: Globals, container: str, directory: str, leave_running: bool,
-                       tcp_established: bool, file_locks: bool, ext_unix_sk: bool,
-                       shell_job: bool, volumes: tuple[str, ...], as_json: bool) -> None:
-    """Checkpoint CONTAINER (processes, memory, GPU, network, files) into DIR."""
+def checkpoint_command(g: Globals, container: str, directory: str | None, oci: bool,
+                       ref: str | None, push: bool, leave_running: bool, tcp_established: bool,
+                       file_locks: bool, ext_unix_sk: bool, shell_job: bool,
+                       volumes: tuple[str, ...], as_json: bool, username: str | None,
+                       password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+    """Checkpoint CONTAINER (processes, memory, GPU, network, files).
+
+    \b
+    torpor checkpoint web1 -o DIR            a checkpoint directory
+    torpor checkpoint web1 -t REF [--push]   a checkpoint image (pushed to REF's registry)
+    torpor checkpoint web1 -o DIR --oci      the image as an OCI image layout
+    """
+    if not directory and not ref:
+        raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
+    if push and not ref:
+        raise click.UsageError("--push needs -t REF")
+    if oci and not directory:
+        raise click.UsageError("--oci needs -o DIR")
     options = CheckpointOptions(leave_running=leave_running, tcp_established=tcp_established,
                                 file_locks=file_locks, ext_unix_sk=ext_unix_sk,
                                 shell_job=shell_job, volumes=parse_volumes(volumes))
+    cfg = config.load()
+    progress = g.progress(quiet=as_json)
+    if ref or oci:
+        from torpor.image.flows import checkpoint_image
+
+        with g.client() as client:
+            result = checkpoint_image(client, container, cfg, options, ref=ref,
+                                      layout_dir=directory if oci else None, push=push,
+                                      flags=flags_from(username, password_stdin, ca_file,
+                                                       insecure), progress=progress)
+        if as_json:
+            emit_json(result)
+            return
+        where = f"pushed {result['pushed']['reference']}" if push else (
+            f"image {ref}" if ref else f"OCI layout {directory}")
+        click.echo(f"checkpointed {container}: {where}; {human_size(result['raw_bytes'])} of "
+                   f"state in {human_size(result['compressed_bytes'])} of layers, "
+                   f"{result['timings']['total_s']:.2f}s"
+                   + ("" if leave_running else f" ({container} is stopped)"))
+        return
+    assert directory is not None
     with g.client() as client:
-        metadata = checkpoint(client, container, directory, options, config.load(),
-                              progress=g.progress(quiet=as_json))
+        metadata = checkpoint(client, container, directory, options, cfg, progress=progress)
     if as_json:
         emit_json({"directory": directory, "container": container,
                    "sizes": metadata["sizes"], "timings": metadata["timings"]})

@@ -50,6 +50,12 @@ class TorporGroup(click.Group):
                 raise
             click.echo(f"torpor: error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except OSError as e:  # a file or device the system refused: say which, not a traceback
+            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            click.echo(f"torpor: error: {e.strerror or e}{where}", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=TorporGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,7 +6,8 @@ import click
 
 from torpor import config
 from torpor.cli.context import Globals, emit_json
-from torpor.restorer import RestoreOptions, restore
+from torpor.cli.registry_flags import flags_from, registry_options
+from torpor.restorer import RestoreOptions
 
 
 def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
@@ -21,7 +22,7 @@ def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command("restore")
-@click.argument("source", metavar="DIR")
+@click.argument("source", metavar="DIR|REF")
 @click.option("--name", help="Restore under this container name (default: the original).")
 @click.option("--netns", metavar="PATH",
               help="Restore into this network namespace (e.g. a pod's) instead of a new one.")
@@ -34,17 +35,23 @@ def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
               "under /var/log/torpor.")
 @click.option("--runtime-binary", metavar="PATH", help="torpor-runc on this node.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
 @click.pass_obj
 def restore_command(g: Globals, source: str, name: str | None, netns: str | None,
                     add_addresses: bool, volumes: tuple[str, ...], log_uri: str | None,
-                    runtime_binary: str | None, as_json: bool) -> None:
-    """Restore a container from a checkpoint directory."""
+                    runtime_binary: str | None, as_json: bool, username: str | None,
+                    password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+    """Restore a container from a checkpoint: a directory, an OCI layout, a local image or an
+    image in a registry (this node is checked before any layer is downloaded)."""
+    from torpor.image.flows import restore_any
+
     options = RestoreOptions(name=name, netns=netns, add_addresses=add_addresses,
                              volumes=parse_volume_map(volumes), log_uri=log_uri,
                              runtime_binary=runtime_binary)
     with g.client() as client:
-        result = restore(client, source, options, config.load(),
-                         progress=g.progress(quiet=as_json))
+        result = restore_any(client, source, options, config.load(),
+                             flags_from(username, password_stdin, ca_file, insecure),
+                             progress=g.progress(quiet=as_json))
     if as_json:
         emit_json(result)
         return

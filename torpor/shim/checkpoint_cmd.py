@@ -149,6 +149,7 @@ def run(ctx: Context) -> int:
             "sockets": netns.socket_addresses(pid),
         }
         state["mounts"] = config.get("mounts", [])
+        state["processes"] = process_tree(cgroup.pids())
         timings["network_s"] = time.monotonic() - t
 
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
@@ -179,6 +180,24 @@ def run(ctx: Context) -> int:
             guardian.release()
         # leaving the block restores and unlocks the GPUs (leave-running)
     return 0
+
+
+def process_tree(pids: list[int]) -> list[dict[str, Any]]:
+    """pid, parent, name, command line and resident memory of each process, for inspect."""
+    tree = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        tree.append({"pid": pid, "ns_pid": int(status.get("NSpid", str(pid)).split()[-1]),
+                     "ppid": int(status.get("PPid", "0").strip()),
+                     "name": status.get("Name", "").strip(), "cmdline": cmdline,
+                     "rss_bytes": int(status.get("VmRSS", "0 kB").split()[0]) * 1024})
+    return tree
 
 
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, bytes]:

@@ -1,0 +1,36 @@
+"""Options every command that talks to a registry takes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from torpor.image.flows import RegistryFlags
+
+F = Callable[..., Any]
+
+
+def registry_options(fn: F) -> F:
+    for decorator in reversed([
+        click.option("--username", "-u", envvar="TORPOR_REGISTRY_USERNAME",
+                     help="Registry user (default: docker's config.json or credential helper)."),
+        click.option("--password-stdin", is_flag=True, help="Read the registry password from stdin."),
+        click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+                     help="PEM CA certificates for the registry's TLS."),
+        click.option("--insecure", is_flag=True,
+                     help="Allow plain HTTP and unverified TLS for this registry."),
+    ]):
+        fn = decorator(fn)
+    return fn
+
+
+def flags_from(username: str | None, password_stdin: bool, ca_file: str | None,
+               insecure: bool) -> RegistryFlags:
+    password = os.environ.get("TORPOR_REGISTRY_PASSWORD")
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    return RegistryFlags(username=username, password=password, ca_file=ca_file, insecure=insecure)

@@ -1,0 +1,187 @@
+"""A checkpoint directory as an OCI image: one index, two manifests (docs/format.md).
+
+    index (application/vnd.oci.image.index.v1+json)
+    ├── runnable image manifest, platform linux/<arch>
+    │     config  the base image's config + the read-write layer's diff ID
+    │     layers  the base image's layers (same digests) + the read-write layer (tar+zstd)
+    └── state manifest, platform unknown/unknown, artifactType application/vnd.torpor.checkpoint.v1
+          config  checkpoint.json (container, spec, image, options, node, state, sizes, timings)
+          layers  CRIU images in parts, volumes, torpor's state (each tar+zstd)
+
+Every layer is compressed once, in parallel, with its digest and size computed in the same
+pass; the base image's layers are copied from containerd's content store, digest-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torpor import checkpoint_dir, containerd_image
+from torpor.errors import ImageError
+from torpor.image import layers as layer_io
+from torpor.image import mediatypes as mt
+from torpor.registry.descriptors import Descriptor
+from torpor.registry.layout import Layout
+from torpor.shim.containerd.client import Client
+
+PIECE = 64 << 20          # a big file is split into pieces of this size
+MIN_PART = 64 << 20       # and pieces are grouped into parts of at least this size
+Progress = Callable[[int], None]
+
+
+@dataclass
+class BuiltImage:
+    layout: Path
+    index: Descriptor
+    runnable: Descriptor
+    state: Descriptor
+    raw_bytes: int         # the checkpoint's files, uncompressed
+    compressed_bytes: int  # the new layers (base layers not counted)
+    seconds: float
+
+
+def _json_blob(layout: Layout, document: dict[str, Any], media_type: str,
+               extra: dict[str, Any] | None = None) -> Descriptor:
+    data = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    layout.write_small(digest, data, durable=False)
+    return Descriptor(media_type, digest, len(data), {**(extra or {}), "mediaType": media_type,
+                                                      "digest": digest, "size": len(data)})
+
+
+def _adopt(layout: Layout, written: layer_io.WrittenLayer, media_type: str,
+           annotations: dict[str, str]) -> Descriptor:
+    path = layout.blob_path(written.digest)
+    layout.blob_dir(written.digest)
+    os.replace(written.path, path)
+    raw: dict[str, Any] = {"mediaType": media_type, "digest": written.digest, "size": written.size}
+    if annotations:
+        raw["annotations"] = annotations
+    return Descriptor(media_type, written.digest, written.size, raw)
+
+
+def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) -> None:
+    digest, size = desc["digest"], int(desc["size"])
+    path = layout.blob_path(digest)
+    if layout.holds_intact(Descriptor(desc["mediaType"], digest, size)):
+        return
+    layout.blob_dir(digest)
+    partial = path.with_name(path.name + ".partial")
+    hasher = hashlib.sha256()
+    written = 0
+    with open(partial, "wb") as out:
+        for chunk in client.read_content(digest):
+            out.write(chunk)
+            hasher.update(chunk)
+            written += len(chunk)
+    if written != size or "sha256:" + hasher.hexdigest() != digest:
+        partial.unlink(missing_ok=True)
+        raise ImageError(f"containerd's copy of base layer {digest} is damaged")
+    os.chmod(partial, 0o600)
+    os.replace(partial, path)
+
+
+def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | None = None,
+          level: int = 1, workers: int = 0, progress: Progress | None = None) -> BuiltImage:
+    started = time.monotonic()
+    metadata = checkpoint_dir.load(directory)
+    base = metadata.get("image")
+    if not base:
+        raise ImageError("the checkpoint records no base image; it cannot be made runnable")
+    layout = Layout(Path(layout_dir))
+    created = layout.create()
+    staging = Path(layout_dir) / ".torpor-build"
+    staging.mkdir(mode=0o700, exist_ok=True)
+    try:
+        files = [f["path"] for f in metadata["files"]]
+        raw_bytes = sum(f["size"] for f in metadata["files"])
+        criu = [p for p in files if p.startswith("criu/") and not p.startswith("criu/torpor/")]
+        volumes = [p for p in files if p.startswith(("criu/torpor/volumes/",
+                                                     "criu/torpor/devshm.tar"))]
+        state = [p for p in files if p.startswith("criu/torpor/") and p not in volumes]
+        state += [p for p in files if p == "criu-dump.log"]
+        criu_pieces = layer_io.pieces_of(directory, criu, PIECE)
+        cpus = os.cpu_count() or 1
+        target = max(MIN_PART, sum(p.length for p in criu_pieces) // (2 * cpus) + 1)
+        jobs: list[tuple[str, list[layer_io.Piece]]] = [
+            (mt.CRIU_LAYER, g) for g in layer_io.group(criu_pieces, target)]
+        jobs += [(mt.VOLUMES_LAYER, g) for g in
+                 layer_io.group(layer_io.pieces_of(directory, volumes, PIECE), target)]
+        jobs.append((mt.STATE_LAYER, layer_io.pieces_of(directory, state, PIECE)))
+        written = layer_io.write_layers([g for _, g in jobs], str(staging), level, workers,
+                                        progress)
+        parts = sum(1 for kind, _ in jobs if kind == mt.CRIU_LAYER)
+        state_layers = []
+        for i, ((kind, _), layer) in enumerate(zip(jobs, written, strict=True)):
+            annotations = {mt.PART: f"{i + 1}/{parts}"} if kind == mt.CRIU_LAYER else {}
+            state_layers.append(_adopt(layout, layer, kind, annotations))
+
+        diff = os.path.join(directory, checkpoint_dir.ROOTFS_DIFF)
+        diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
+                                             progress) if os.path.exists(diff) else None)
+
+        container = metadata["container"]
+        config_desc = _json_blob(layout, metadata, mt.CHECKPOINT_CONFIG)
+        created_at = metadata.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        state_manifest = {
+            "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_TYPE,
+            "config": config_desc.to_json(), "layers": [d.to_json() for d in state_layers],
+            "annotations": {mt.CREATED: created_at, mt.CONTAINER: container["id"],
+                            mt.FORMAT: checkpoint_dir.FORMAT},
+        }
+        state_desc = _json_blob(layout, state_manifest, mt.OCI_MANIFEST, {
+            "artifactType": mt.ARTIFACT_TYPE,
+            "platform": {"architecture": "unknown", "os": "unknown"},
+            "annotations": {mt.ROLE: "state"}})
+
+        base_manifest = containerd_image.read_json(client, base["manifest"]["digest"])
+        base_config = containerd_image.read_json(client, base["config_digest"])
+        for layer in base_manifest.get("layers", []):
+            _copy_from_containerd(client, layout, layer)
+        run_config = json.loads(json.dumps(base_config))
+        run_layers = list(base_manifest.get("layers", []))
+        if diff_layer is not None:
+            run_config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
+            run_config["rootfs"]["diff_ids"].append(diff_layer.diff_id)
+            run_config.setdefault("history", []).append({
+                "created": created_at, "created_by": f"torpor checkpoint {container['id']}",
+                "comment": "the container's read-write layer at checkpoint time"})
+            run_layers.append(_adopt(layout, diff_layer, mt.OCI_LAYER_ZSTD, {}).to_json())
+        run_config_desc = _json_blob(layout, run_config, mt.OCI_CONFIG)
+        platform = {"architecture": run_config.get("architecture", "amd64"),
+                    "os": run_config.get("os", "linux")}
+        runnable = {
+            "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "config": run_config_desc.to_json(),
+            "layers": run_layers,
+            "annotations": {mt.CREATED: created_at, mt.BASE_NAME: base["name"],
+                            mt.BASE_DIGEST: base["manifest"]["digest"],
+                            mt.CONTAINER: container["id"]},
+        }
+        runnable_desc = _json_blob(layout, runnable, mt.OCI_MANIFEST, {
+            "platform": platform, "annotations": {mt.ROLE: "runnable"}})
+        index = {
+            "schemaVersion": 2, "mediaType": mt.OCI_INDEX,
+            "manifests": [runnable_desc.to_json(), state_desc.to_json()],
+            "annotations": {mt.CREATED: created_at, mt.CONTAINER: container["id"],
+                            mt.FORMAT: checkpoint_dir.FORMAT, mt.BASE_NAME: base["name"]},
+        }
+        index_desc = _json_blob(layout, index, mt.OCI_INDEX)
+        layout.tag(index_desc, ref_name)
+    except BaseException:
+        if created:
+            shutil.rmtree(layout_dir, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    compressed = sum(d.size for d in state_layers) + (diff_layer.size if diff_layer else 0)
+    return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
+                      compressed, time.monotonic() - started)
+

@@ -1,0 +1,298 @@
+"""Layers as tar+zstd, written in parallel and read back without escaping their target.
+
+Writing: a layer is a list of pieces (a file, or a byte range of a big file) streamed from disk
+through one pass that writes tar headers, compresses with zstd and computes the compressed
+digest and size (and the uncompressed diff ID); several layers compress at once, on threads,
+since zstd and sha256 release the GIL. A checkpoint never sits in Python's memory.
+
+Reading: the compressed stream's digest is checked as it is read; entries must be regular files
+or directories with safe relative names; a piece carries the PAX header TORPOR.range
+"<offset> <total>" and lands at its offset, so parts may be extracted in parallel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tarfile
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import IO, BinaryIO
+
+import zstandard
+
+from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
+from torpor.image.mediatypes import RANGE_PAX
+
+BLOCK = 512
+CHUNK = 1 << 20
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """`length` bytes of `path` from `offset`, stored as `name` (relative, '/'-separated)."""
+
+    path: str
+    name: str
+    offset: int
+    length: int
+    total: int  # the whole file's size; a piece is a range when length != total
+
+    @property
+    def is_range(self) -> bool:
+        return self.length != self.total
+
+
+@dataclass
+class WrittenLayer:
+    path: str
+    digest: str      # sha256 of the compressed blob
+    size: int        # compressed size
+    diff_id: str     # sha256 of the uncompressed tar
+    raw_size: int    # uncompressed tar size
+    pieces: list[Piece] = field(default_factory=list)
+
+
+def pieces_of(root: str, rels: Iterable[str], chunk: int) -> list[Piece]:
+    """Files under `root` as pieces of at most `chunk` bytes."""
+    out = []
+    for rel in rels:
+        path = os.path.join(root, rel)
+        size = os.path.getsize(path)
+        if size <= chunk:
+            out.append(Piece(path, rel, 0, size, size))
+            continue
+        for offset in range(0, size, chunk):
+            out.append(Piece(path, rel, offset, min(chunk, size - offset), size))
+    return out
+
+
+def group(pieces: list[Piece], target: int) -> list[list[Piece]]:
+    """Consecutive pieces in groups of about `target` bytes (one layer each)."""
+    groups: list[list[Piece]] = [[]]
+    size = 0
+    for piece in pieces:
+        if groups[-1] and size + piece.length > target:
+            groups.append([])
+            size = 0
+        groups[-1].append(piece)
+        size += piece.length
+    return [g for g in groups if g]
+
+
+class _Sink:
+    """Compresses into a file while hashing both sides."""
+
+    def __init__(self, out: BinaryIO, level: int) -> None:
+        self.out = out
+        self.compressed = hashlib.sha256()
+        self.raw = hashlib.sha256()
+        self.raw_size = 0
+        self.size = 0
+        self.compressor = zstandard.ZstdCompressor(level=level).compressobj()
+
+    def _emit(self, data: bytes) -> None:
+        if data:
+            self.out.write(data)
+            self.compressed.update(data)
+            self.size += len(data)
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.raw.update(data)
+        self.raw_size += len(data)
+        self._emit(self.compressor.compress(data))
+
+    def close(self) -> None:
+        self._emit(self.compressor.flush())
+
+
+def _header(piece: Piece, st: os.stat_result) -> bytes:
+    info = tarfile.TarInfo(piece.name)
+    info.size = piece.length
+    info.mode = stat.S_IMODE(st.st_mode)
+    info.mtime = int(st.st_mtime)
+    if piece.is_range:
+        info.pax_headers = {RANGE_PAX: f"{piece.offset} {piece.total}"}
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def write_layer(pieces: list[Piece], out_path: str, level: int = 1,
+                progress: Progress | None = None) -> WrittenLayer:
+    """One tar+zstd layer of `pieces`, written to `out_path` (0600)."""
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb", buffering=CHUNK) as out:
+        sink = _Sink(out, level)
+        for piece in pieces:
+            with open(piece.path, "rb", buffering=0) as src:
+                st = os.fstat(src.fileno())
+                if st.st_size != piece.total:
+                    raise ImageError(f"{piece.path} changed size while it was being packed")
+                sink.write(_header(piece, st))
+                src.seek(piece.offset)
+                left = piece.length
+                while left:
+                    data = src.read(min(CHUNK, left))
+                    if not data:
+                        raise ImageError(f"{piece.path} ended early while it was being packed")
+                    sink.write(data)
+                    left -= len(data)
+                    if progress:
+                        progress(len(data))
+                padding = -piece.length % BLOCK
+                if padding:
+                    sink.write(b"\0" * padding)
+        sink.write(b"\0" * (BLOCK * 2))
+        sink.close()
+    return WrittenLayer(out_path, "sha256:" + sink.compressed.hexdigest(), sink.size,
+                        "sha256:" + sink.raw.hexdigest(), sink.raw_size, pieces)
+
+
+def write_layers(groups: list[list[Piece]], out_dir: str, level: int = 1, workers: int = 0,
+                 progress: Progress | None = None) -> list[WrittenLayer]:
+    """Each group as a layer under `out_dir`, compressed in parallel; in the groups' order."""
+    workers = workers or max(1, min(len(groups), os.cpu_count() or 1))
+    lock = threading.Lock()
+
+    def report(n: int) -> None:
+        if progress:
+            with lock:
+                progress(n)
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torpor-zstd") as pool:
+        futures = [pool.submit(write_layer, g, os.path.join(out_dir, f"layer-{i}.tar.zst"), level,
+                               report) for i, g in enumerate(groups)]
+        return [f.result() for f in futures]
+
+
+# Reading ----------------------------------------------------------------------------------
+
+class _VerifyingReader:
+    """A file object that hashes what it reads and checks digest and size at the end."""
+
+    def __init__(self, raw: BinaryIO, digest: str, size: int, what: str) -> None:
+        self.raw, self.digest, self.size, self.what = raw, digest, size, what
+        self.hasher = hashlib.sha256()
+        self.seen = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.hasher.update(data)
+        self.seen += len(data)
+        if self.seen > self.size:
+            raise DigestMismatch(f"{self.what} is larger than its descriptor's {self.size} bytes")
+        if not data:
+            self.check()
+        return data
+
+    def check(self) -> None:
+        if self.seen != self.size:
+            raise ImageError(f"{self.what} is truncated: {self.seen} of {self.size} bytes")
+        if "sha256:" + self.hasher.hexdigest() != self.digest:
+            raise DigestMismatch(f"{self.what} does not match its digest {self.digest}")
+
+
+def _safe_name(name: str) -> str:
+    if name.startswith("/"):
+        raise UnsafeArchive(f"layer entry {name!r} has an absolute path")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UnsafeArchive(f"layer entry {name!r} is not a plain relative path")
+    return "/".join(parts)
+
+
+def extract_layer(blob_path: str, digest: str, size: int, target: str,
+                  allowed_top: tuple[str, ...], what: str) -> list[tuple[str, int, int, int]]:
+    """Extract a state layer into `target`; returns (name, offset, length, total) per piece.
+
+    Only regular files and directories under `allowed_top` are accepted; everything else
+    (links, devices, FIFOs, `..`, absolute names) is refused as UnsafeArchive.
+    """
+    root = os.path.realpath(target)
+    written: list[tuple[str, int, int, int]] = []
+    with open(blob_path, "rb") as raw:
+        verifying = _VerifyingReader(raw, digest, size, what)
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            verifying, read_across_frames=True)  # type: ignore[arg-type]
+        try:
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    name = _safe_name(member.name)
+                    if name.split("/")[0] not in allowed_top:
+                        raise UnsafeArchive(f"{what}: entry {name!r} is outside "
+                                            f"{', '.join(allowed_top)}")
+                    path = os.path.join(root, name)
+                    if member.isdir():
+                        _make_dirs(root, name)
+                        continue
+                    if not member.isfile():
+                        raise UnsafeArchive(f"{what}: entry {name!r} is a link, device or FIFO")
+                    offset, total = 0, member.size
+                    if RANGE_PAX in member.pax_headers:
+                        try:
+                            offset, total = (int(v) for v in member.pax_headers[RANGE_PAX].split())
+                        except ValueError:
+                            raise UnsafeArchive(f"{what}: entry {name!r} has a bad range") from None
+                        if offset < 0 or offset + member.size > total:
+                            raise UnsafeArchive(f"{what}: entry {name!r} has a bad range")
+                    _make_dirs(root, os.path.dirname(name))
+                    source = tar.extractfile(member)
+                    assert source is not None
+                    _write_range(path, source, offset, member.size)
+                    written.append((name, offset, member.size, total))
+            while verifying.read(CHUNK):  # the rest of the blob (zstd framing): digest it too
+                pass
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
+            raise ImageError(f"{what} is not a readable tar+zstd layer: {e}") from None
+    verifying.check()
+    return written
+
+
+def _make_dirs(root: str, rel: str) -> None:
+    current = root
+    for part in [p for p in rel.split("/") if p]:
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o700)
+            continue
+        except FileExistsError:  # made by another part's thread, or in the layer already
+            st = os.lstat(current)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeArchive(f"{current} is in the way of a directory")
+
+
+def _write_range(path: str, source: IO[bytes], offset: int, length: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        position = offset
+        left = length
+        while left:
+            data = source.read(min(CHUNK, left))
+            if not data:
+                raise ImageError(f"{path}: the layer ended inside this file")
+            view = memoryview(data)
+            while view:
+                n = os.pwrite(fd, view, position)
+                view = view[n:]
+                position += n
+            left -= len(data)
+    finally:
+        os.close(fd)
+
+
+def compress_file(path: str, out_path: str, level: int = 1,
+                  progress: Progress | None = None) -> WrittenLayer:
+    """A file that already is a tar (the read-write layer), as a tar+zstd blob."""
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb", buffering=CHUNK) as out, open(path, "rb", buffering=0) as src:
+        sink = _Sink(out, level)
+        while data := src.read(CHUNK):
+            sink.write(data)
+            if progress:
+                progress(len(data))
+        sink.close()
+    return WrittenLayer(out_path, "sha256:" + sink.compressed.hexdigest(), sink.size,
+                        "sha256:" + sink.raw.hexdigest(), sink.raw_size)

@@ -1,0 +1,198 @@
+"""Reading a checkpoint image back: find its two manifests, check it, unpack the state layers
+into a checkpoint directory, and put the runnable image into containerd.
+
+Nothing is trusted before it is checked: manifests and the metadata are digest-checked (by the
+layout or the registry client), every layer's digest is checked as it is extracted, every
+extracted file's size is checked against the metadata, and layers of media types this torpor
+does not know are refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torpor import checkpoint_dir, containerd_image
+from torpor.errors import AlreadyExists, ImageError, RestoreError
+from torpor.image import layers as layer_io
+from torpor.image import mediatypes as mt
+from torpor.registry.descriptors import Descriptor
+from torpor.registry.layout import Layout
+from torpor.shim.containerd.api import images_pb2, types_pb2
+from torpor.shim.containerd.client import Client
+
+MANIFEST_LIMIT = 4 << 20
+CONFIG_LIMIT = 16 << 20
+
+
+@dataclass
+class CheckpointImage:
+    index: Descriptor
+    runnable: Descriptor
+    runnable_manifest: dict[str, Any]
+    state: Descriptor
+    state_manifest: dict[str, Any]
+    metadata: dict[str, Any]
+
+    @property
+    def state_layers(self) -> list[Descriptor]:
+        return [Descriptor.from_json(layer, f"state manifest layer {i}")
+                for i, layer in enumerate(self.state_manifest.get("layers", []))]
+
+    @property
+    def runnable_blobs(self) -> list[Descriptor]:
+        doc = self.runnable_manifest
+        return [Descriptor.from_json(doc["config"], "runnable config"),
+                *(Descriptor.from_json(layer, f"runnable layer {i}")
+                  for i, layer in enumerate(doc.get("layers", [])))]
+
+
+def _parse(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise ImageError(f"{what} is not JSON") from None
+    if not isinstance(document, dict):
+        raise ImageError(f"{what} is not a JSON object")
+    return document
+
+
+def assemble(index_desc: Descriptor, index: dict[str, Any],
+             manifests: dict[str, tuple[Descriptor, dict[str, Any]]],
+             config: bytes) -> CheckpointImage:
+    """The checkpoint image from its documents, checked for the shape docs/format.md gives."""
+    runnable = state = None
+    for entry in index.get("manifests", []):
+        desc = Descriptor.from_json(entry, "index entry")
+        role = desc.annotations.get(mt.ROLE)
+        if desc.artifact_type == mt.ARTIFACT_TYPE or role == "state":
+            state = desc
+        elif role == "runnable" or (desc.platform or {}).get("os") == "linux":
+            runnable = desc
+    if state is None or runnable is None:
+        raise ImageError(f"{index_desc.digest} is not a torpor checkpoint image: its index lacks "
+                         "a runnable manifest or a state manifest "
+                         f"(artifactType {mt.ARTIFACT_TYPE})")
+    state_doc = manifests[state.digest][1]
+    runnable_doc = manifests[runnable.digest][1]
+    if state_doc.get("config", {}).get("mediaType") != mt.CHECKPOINT_CONFIG:
+        raise ImageError(f"state manifest {state.digest} has config type "
+                         f"{state_doc.get('config', {}).get('mediaType')!r}, not "
+                         f"{mt.CHECKPOINT_CONFIG}")
+    for layer in state_doc.get("layers", []):
+        if layer.get("mediaType") not in mt.STATE_LAYER_TYPES:
+            raise ImageError(f"state manifest {state.digest} has a layer of unknown media type "
+                             f"{layer.get('mediaType')!r}: this torpor cannot restore it",
+                             hint="a newer torpor may know it")
+    for layer in runnable_doc.get("layers", []):
+        if layer.get("mediaType") not in mt.OCI_LAYER_TYPES:
+            raise ImageError(f"runnable manifest {runnable.digest} has a layer of unknown media "
+                             f"type {layer.get('mediaType')!r}")
+    metadata = _parse(config, "checkpoint metadata")
+    if metadata.get("format") != checkpoint_dir.FORMAT:
+        raise ImageError(f"checkpoint metadata has format {metadata.get('format')!r}, this torpor "
+                         f"reads {checkpoint_dir.FORMAT!r}")
+    return CheckpointImage(index_desc, runnable, runnable_doc, state, state_doc, metadata)
+
+
+def open_layout(layout_dir: str, ref_name: str | None = None) -> CheckpointImage:
+    layout = Layout(Path(layout_dir))
+    entries = layout.index_entries()
+    named = [e for e in entries if ref_name and e.annotations.get(mt.REF_NAME) == ref_name]
+    if named:
+        entries = named
+    if len(entries) != 1:
+        raise ImageError(f"{layout_dir} holds {len(entries)} images; name one "
+                         f"({', '.join(e.annotations.get(mt.REF_NAME, e.digest) for e in entries)})")
+    index_desc = entries[0]
+    index = _parse(layout.read_small(index_desc, MANIFEST_LIMIT, "index"), "index")
+    manifests = {}
+    for entry in index.get("manifests", []):
+        desc = Descriptor.from_json(entry, "index entry")
+        manifests[desc.digest] = (desc, _parse(layout.read_small(desc, MANIFEST_LIMIT, "manifest"),
+                                               f"manifest {desc.digest}"))
+    state_config = next((doc["config"] for _, doc in manifests.values()
+                         if doc.get("artifactType") == mt.ARTIFACT_TYPE), None)
+    if state_config is None:
+        raise ImageError(f"{layout_dir} is not a torpor checkpoint image: no manifest has "
+                         f"artifactType {mt.ARTIFACT_TYPE}")
+    config = layout.read_small(Descriptor.from_json(state_config, "config"), CONFIG_LIMIT,
+                               "checkpoint metadata")
+    return assemble(index_desc, index, manifests, config)
+
+
+def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: int = 0) -> None:
+    """The checkpoint directory (CRIU images, torpor state, checkpoint.json) from the state
+    layers; the read-write layer stays in the runnable image. Removes `target` on failure."""
+    layout = Layout(Path(layout_dir))
+    os.makedirs(target, mode=0o700)
+    try:
+        layer_list = image.state_layers
+        for layer in layer_list:
+            if not layout.has_blob(layer.digest):
+                raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
+        with ThreadPoolExecutor(max_workers=workers or min(4, max(1, len(layer_list)))) as pool:
+            futures = [pool.submit(layer_io.extract_layer, str(layout.blob_path(layer.digest)),
+                                   layer.digest, layer.size, target, ("criu", "criu-dump.log"),
+                                   f"layer {layer.digest}") for layer in layer_list]
+            for future in futures:
+                future.result()
+        expected = [f for f in image.metadata.get("files", [])
+                    if f["path"] != checkpoint_dir.ROOTFS_DIFF]
+        for entry in expected:
+            path = os.path.join(target, entry["path"])
+            size = os.path.getsize(path) if os.path.isfile(path) else -1
+            if size != entry["size"]:
+                raise ImageError(f"{entry['path']} came out of the image with {size} bytes, "
+                                 f"the checkpoint wrote {entry['size']}")
+        metadata = {**image.metadata, "files": expected, "rootfs_in_image": True}
+        checkpoint_dir.write_metadata(target, metadata)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def _file_chunks(path: str) -> Any:
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            yield chunk
+
+
+def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
+                    name: str) -> dict[str, Any]:
+    """Put the runnable image into containerd's content store and name it `name`."""
+    layout = Layout(Path(layout_dir))
+    blobs = image.runnable_blobs
+    for blob in blobs:
+        if client.has_content(blob.digest):
+            continue
+        path = layout.blob_path(blob.digest)
+        if not path.is_file():
+            raise ImageError(f"blob {blob.digest} is missing from {layout_dir}")
+        client.write_content(f"torpor-{blob.digest}", _file_chunks(str(path)), blob.size,
+                             blob.digest)
+    manifest_path = layout.blob_path(image.runnable.digest)
+    labels = {"containerd.io/gc.ref.content.config": blobs[0].digest}
+    labels.update({f"containerd.io/gc.ref.content.l.{i}": b.digest
+                   for i, b in enumerate(blobs[1:])})
+    client.write_content(f"torpor-{image.runnable.digest}", _file_chunks(str(manifest_path)),
+                         image.runnable.size, image.runnable.digest, labels=labels)
+    target = types_pb2.Descriptor(media_type=mt.OCI_MANIFEST, digest=image.runnable.digest,
+                                  size=image.runnable.size)
+    record = images_pb2.Image(name=name, target=target,
+                              labels={"io.torpor.checkpoint": image.index.digest})
+    try:
+        client.create_image(record)
+    except AlreadyExists:
+        client.update_image(record)
+    return containerd_image.image_chain(client, name)
+
+
+def ensure_restorable(image: CheckpointImage) -> None:
+    if not image.metadata.get("container", {}).get("spec"):
+        raise RestoreError("the checkpoint metadata holds no container spec")
