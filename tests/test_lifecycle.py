@@ -44,7 +44,7 @@ def transcript(node: Node, runtime: list[str], name: str, image: str) -> dict[st
                   "echo out; echo err >&2; exit 7", check=False)
     seen["foreground"] = (fg.returncode, fg.stdout, fg.stderr)
     node.ctr("run", "-d", *runtime, image, name, "sh", "-c",
-             "trap 'exit 3' TERM; while true; do usleep 20000; done")
+             "trap 'exit 3' TERM; sleep 600 & wait")
     wait_for(lambda: task_status(node, name) == "RUNNING", what="task running")
     ex = node.ctr("tasks", "exec", "--exec-id", "e1", name, "sh", "-c", "echo in; exit 5",
                   check=False)

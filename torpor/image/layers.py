@@ -243,12 +243,18 @@ def extract_layer(blob_path: str, digest: str, size: int, target: str,
                     assert source is not None
                     _write_range(path, source, offset, member.size)
                     written.append((name, offset, member.size, total))
-            while verifying.read(CHUNK):  # the rest of the blob (zstd framing): digest it too
-                pass
+            _drain(verifying)  # the rest of the blob (zstd framing): digest it too
         except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
+            _drain(verifying)  # a damaged blob says so by its digest, the clearer reason
             raise ImageError(f"{what} is not a readable tar+zstd layer: {e}") from None
     verifying.check()
     return written
+
+
+def _drain(verifying: _VerifyingReader) -> None:
+    """Read the rest of the blob: raises DigestMismatch or a truncation error if it has one."""
+    while verifying.read(CHUNK):
+        pass
 
 
 def _make_dirs(root: str, rel: str) -> None:
