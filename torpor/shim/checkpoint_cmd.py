@@ -226,8 +226,16 @@ class Interrupted(CheckpointError):
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP raise Interrupted, so the ExitStack undoes what was done."""
+    """SIGTERM, SIGINT and SIGHUP raise Interrupted, so the ExitStack undoes what was done.
+    Only in this process: children forked meanwhile (pyroute2 forks one to enter the network
+    namespace, and ends it with SIGTERM) inherit the handler and must just die."""
+    owner = os.getpid()
+
     def handler(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Interrupted(f"checkpoint interrupted by signal {signum}; the container keeps running")
 
     previous = {sig: signal.signal(sig, handler)
