@@ -247,3 +247,67 @@ def test_killing_torpor_runc_mid_checkpoint_leaves_the_workload_running(
         # and nothing is left to spoil the next checkpoint
         run_torpor(node, "checkpoint", "killed", "-o", str(tmp_path / "ck2"), "--leave-running")
         time.sleep(0)
+
+
+def test_volume_policy_and_bind_mounted_dev_shm(node: Node, tmp_path: Path,
+                                                test_image: dict[str, object]) -> None:
+    dirs = {name: tmp_path / name for name in ("data", "scratch", "ref", "shm")}
+    for path in dirs.values():
+        path.mkdir()
+    (dirs["ref"] / "model.bin").write_text("weights\n")
+    mounts = []
+    for name, dest, mode in (("data", "/data", "rw"), ("scratch", "/scratch", "rw"),
+                             ("ref", "/ref", "ro"), ("shm", "/dev/shm", "rw")):
+        mounts += ["--mount", f"type=bind,src={dirs[name]},dst={dest},options=rbind:{mode}"]
+    with containers(node) as names:
+        names += ["vols", "vols-b"]
+        node.ctr("run", "-d", *SHIM, *mounts, str(test_image["name"]), "vols", "sh", "-c",
+                 "echo d > /data/f; echo s > /scratch/f; echo m > /dev/shm/f; "
+                 "exec kvserver 7000")
+        wait_kv(node, "vols")
+        run_torpor(node, "checkpoint", "vols", "-o", str(tmp_path / "ck"), "--volumes", "/data")
+        saved = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())["state"]["files"]
+        assert [v["destination"] for v in saved["volumes"]] == ["/data"]
+        assert saved["dev_shm"]["destination"] == "/dev/shm"
+        node.ctr("tasks", "delete", "vols")
+        for name in ("data", "scratch", "shm"):
+            for entry in dirs[name].iterdir():
+                entry.unlink()
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "vols-b")
+        assert (dirs["data"] / "f").read_text() == "d\n"      # chosen: back
+        assert not (dirs["scratch"] / "f").exists()           # not chosen: not touched
+        assert (dirs["shm"] / "f").read_text() == "m\n"       # the pod-style /dev/shm: back
+        assert (dirs["ref"] / "model.bin").read_text() == "weights\n"
+
+
+def test_restore_into_a_namespace_lacking_the_socket_addresses(
+        node: Node, tmp_path: Path, test_image: dict[str, object]) -> None:
+    first, other = NetNS("torpor-n1"), NetNS("torpor-n2")
+    host_if, _ = veth_pair(None, "10.78.0.1/24", first, "10.78.0.2/24")
+    try:
+        with containers(node) as names:
+            names += ["addr", "addr-b"]
+            node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{first.path}",
+                     str(test_image["name"]), "addr", "kvserver", "7000")
+            client = wait_for(lambda: _connect("10.78.0.2", 7000), what="kvserver on the veth")
+            assert isinstance(client, LineClient)
+            assert client.ask("SET where first") == "OK"
+            run_torpor(node, "checkpoint", "addr", "-o", str(tmp_path / "ck"), "--tcp-established")
+            result = run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "addr-b",
+                                "--netns", other.path, check=False)
+            assert result.returncode != 0
+            assert "lacks the addresses the checkpointed sockets are bound to: 10.78.0.2" \
+                in result.stderr
+            assert "--add-addresses" in result.stderr
+            assert "addr-b" not in node.ctr("containers", "ls", "-q").stdout.split()
+            run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "addr-b",
+                       "--netns", other.path, "--add-addresses")
+            assert kv_ask(node, "addr-b", "GET where") == "first"
+            assert "10.78.0.2" in other.run("ip", "-o", "addr").stdout
+            client.close()
+    finally:
+        from .support.netns import ip
+
+        ip("link", "delete", host_if, check=False)
+        first.delete()
+        other.delete()

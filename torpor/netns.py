@@ -145,16 +145,17 @@ def missing_addresses(netns: str, needed: list[str]) -> list[str]:
 
 
 def add_addresses(netns: str, wanted: list[str], recorded: dict[str, Any]) -> None:
-    """Add `wanted` addresses on the links they had (by name), or on lo as host addresses."""
+    """Add `wanted` addresses, with their recorded prefixes, on the links they had (by name),
+    or on lo."""
     by_address = {a["address"]: a for a in recorded.get("addresses", [])}
     try:
         with _ipr(netns) as ipr:
             indexes = {link.get("ifname"): link["index"] for link in ipr.get_links()}
             for address in wanted:
                 entry = by_address.get(address, {})
+                # the recorded prefix brings its subnet route, so sockets reach their peers
                 index = indexes.get(entry.get("ifname")) or indexes["lo"]
-                prefix = entry.get("prefixlen") if index != indexes["lo"] else None
-                prefix = prefix or (32 if ":" not in address else 128)
+                prefix = entry.get("prefixlen") or (32 if ":" not in address else 128)
                 ipr.addr("add", index=index, address=address, prefixlen=prefix)
     except Exception as e:
         raise NetworkError(f"cannot add addresses {', '.join(wanted)} in {netns}: {e}") from None

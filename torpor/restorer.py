@@ -180,9 +180,9 @@ def restore(client: Client, directory: str, options: RestoreOptions, cfg: Config
         try:
             pid = client.start_task(name)
         except Exception as e:
-            reason = _restore_log_reason(work)
-            raise RestoreError(f"restoring {name} failed: {e}" + (f"; CRIU: {reason}" if reason
-                                                                  else "")) from None
+            kept = _keep_restore_log(cfg, client.namespace, name, work)
+            raise RestoreError(f"restoring {name} failed: {e}",
+                               hint=f"CRIU's log: {kept}" if kept else None) from None
         restore_s = time.time() - t0
         undo.pop_all()
     shutil.rmtree(work, ignore_errors=True)
@@ -198,10 +198,15 @@ def _default_log_uri(cfg: Config, namespace: str, name: str) -> str:
     return f"file://{directory}/{namespace}-{name}.log"
 
 
-def _restore_log_reason(work: str) -> str:
-    from torpor.shim.criu_log import reasons
-
-    return "; ".join(reasons(os.path.join(work, "restore.log")))
+def _keep_restore_log(cfg: Config, namespace: str, name: str, work: str) -> str | None:
+    """Keep CRIU's restore log past the clean-up: it is where the real reason is."""
+    log = os.path.join(work, "restore.log")
+    if not os.path.exists(log):
+        return None
+    uri = _default_log_uri(cfg, namespace, name)
+    kept = uri.removeprefix("file://").removesuffix(".log") + ".restore-failed.log"
+    shutil.copyfile(log, kept)
+    return kept
 
 
 def _quietly(fn: Callable[..., object], *args: object) -> None:

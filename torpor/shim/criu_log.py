@@ -6,10 +6,14 @@ import os
 import re
 
 _ERROR = re.compile(r"^\(\s*[\d.]+\)\s+Error\s+\(([^)]*)\):\s*(.*)$")
+# Logged on every run on some kernels, and harmless (CRIU goes on): never the reason.
+_NOISE = ("Can't setup RLIMIT_NOFILE for self",
+          # consequences, not causes: CRIU logs these after the error that matters
+          "Restoring FAILED", "Dumping FAILED", "cgroupd: recv req error")
 
 
 def reasons(log_path: str, limit: int = 3) -> list[str]:
-    """The last `limit` distinct `Error (...)` lines of a CRIU log, most telling last."""
+    """The first `limit` distinct `Error (...)` lines of a CRIU log: the cause comes first."""
     try:
         with open(log_path, errors="replace") as f:
             lines = f.read().splitlines()
@@ -20,9 +24,9 @@ def reasons(log_path: str, limit: int = 3) -> list[str]:
         match = _ERROR.match(line.strip())
         if match:
             text = match.group(2).strip()
-            if text and text not in found:
+            if text and text not in found and not any(n in text for n in _NOISE):
                 found.append(text)
-    return found[-limit:]
+    return found[:limit]
 
 
 def summary(work_path: str | None, log_name: str) -> tuple[str, str | None]:
