@@ -311,3 +311,28 @@ def test_restore_into_a_namespace_lacking_the_socket_addresses(
         ip("link", "delete", host_if, check=False)
         first.delete()
         other.delete()
+
+
+def test_annotation_gives_ctr_the_flags_it_cannot_pass(node: Node, tmp_path: Path,
+                                                       test_image: dict[str, object]) -> None:
+    """`ctr c checkpoint` has no --tcp-established; the container's annotation supplies it."""
+    held = (f"kvserver 7000 & sleep 0.3; (while true; do echo PING; sleep 1; done) | "
+            f"nc 127.0.0.1 7000 > /dev/null & {COUNTER}")
+    with containers(node) as names:
+        names += ["no-annot", "annot"]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), "no-annot", "sh", "-c", held)
+        node.ctr("run", "-d", *SHIM, "--annotation", "io.torpor.checkpoint.tcp-established=true",
+                 str(test_image["name"]), "annot", "sh", "-c", held)
+        wait_counter_above(node, "no-annot", 5)
+        wait_counter_above(node, "annot", 5)
+        refused = node.ctr("containers", "checkpoint", "--task", "no-annot",
+                           "localhost/ckpt/no-annot:1", check=False)
+        assert refused.returncode != 0 and "Connected TCP socket" in refused.stderr
+        before = read_counter(node, "annot")
+        node.ctr("containers", "checkpoint", "--task", "annot", "localhost/ckpt/annot:1")
+        node.ctr("tasks", "delete", "--force", "annot")
+        node.ctr("containers", "delete", "annot")
+        node.ctr("containers", "restore", "--live", "annot", "localhost/ckpt/annot:1")
+        assert read_counter(node, "annot") >= before
+        assert kv_ask(node, "annot", "PING") == "PONG"
+        node.ctr("images", "rm", "localhost/ckpt/annot:1")

@@ -52,6 +52,21 @@ def criu_flags(inv: Invocation) -> dict[str, Any]:
     }
 
 
+def default_flags(ctx: Context, inv: Invocation, config: dict[str, Any]) -> list[str]:
+    """CRIU flags ctr and nerdctl cannot pass: from the container's annotations
+    (io.torpor.checkpoint.tcp-established / file-locks = "true"), else the config."""
+    annotations = config.get("annotations") or {}
+    wanted = {"tcp-established": ctx.cfg.checkpoint_tcp_established,
+              "file-locks": ctx.cfg.checkpoint_file_locks}
+    extra = []
+    for flag, default in wanted.items():
+        value = annotations.get(f"io.torpor.checkpoint.{flag}")
+        on = value.lower() == "true" if isinstance(value, str) else default
+        if on and not inv.has(flag):
+            extra.append(f"--{flag}")
+    return extra
+
+
 def policy(ctx: Context, request: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     annotations = config.get("annotations") or {}
     chosen = (volumes.parse_policy(request.get("volumes"))
@@ -121,11 +136,14 @@ def run(ctx: Context) -> int:
     image_path = (request.get("image_path") or inv.flag("image-path")
                   or os.path.join(os.getcwd(), "checkpoint"))
     argv = inv.with_flag_value("image-path", image_path) if request.get("image_path") else inv.argv
+    defaults = default_flags(ctx, inv, config)
+    if defaults:
+        argv = Invocation(argv).with_flags(defaults)
     os.makedirs(image_path, mode=0o700, exist_ok=True)
     out_dir = image_dir.ensure(image_path)
     chosen = policy(ctx, request, config)
     cgroup = Cgroup.of_pid(pid)
-    flags = criu_flags(inv)
+    flags = criu_flags(Invocation(argv))
     state: dict[str, Any] = {
         "format": image_dir.FORMAT,
         "torpor_version": torpor.__version__,

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install torpor system-wide, as root: a virtual environment in /opt/torpor, fast launchers in
+# $PREFIX/bin (torpor, torpor-runc, torpor-hook, containerd-shim-torpor-v2) and a commented
+# /etc/torpor/config.toml. Run packaging/install-deps.sh --system first (make install does).
+# It does not touch containerd's config: `torpor runtime-config containerd --install` does.
+set -euo pipefail
+
+PREFIX=${PREFIX:-/usr/local}
+VENV=${TORPOR_HOME:-/opt/torpor}
+TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf 'install: %s\n' "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+log "installing torpor into $VENV"
+"$VENV/bin/python" -m pip install -q --upgrade "$TOP"
+"$VENV/bin/python" -m torpor.runtime_config.launchers "$PREFIX/bin" "$PREFIX/lib/torpor/runc" >&2
+install -d -m 0755 /etc/torpor
+if [ ! -e /etc/torpor/config.toml ]; then
+    sed -n '/^    \[runtime\]/,/^Stdlib only/p' "$TOP/torpor/config.py" | sed '$d; s/^    //; s/^/# /' \
+        > /etc/torpor/config.toml
+    log "wrote /etc/torpor/config.toml (all defaults, commented out)"
+fi
+log "done. Next: torpor runtime-config containerd --install /etc/containerd/config.toml && systemctl restart containerd"
+log "then: ctr run --runtime io.containerd.torpor.v2 ... ; torpor check"
