@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
 
-.PHONY: deps test lint unit demo bench bench-lifecycle bench-checkpoint bench-registry install protos clean
+.PHONY: deps test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry install protos clean
 
 # Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
 deps:
@@ -25,13 +25,16 @@ lint:
 demo: deps
 	$(PY) -m bench.demo
 
-bench: bench-lifecycle bench-checkpoint bench-registry
+bench: bench-lifecycle bench-checkpoint bench-image bench-registry
 
 bench-lifecycle: deps
 	$(PY) -m bench.lifecycle
 
 bench-checkpoint: deps
 	$(PY) -m bench.checkpoint
+
+bench-image: deps
+	$(PY) -m bench.image
 
 bench-registry: deps
 	$(PY) -m bench.registry

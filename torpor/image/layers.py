@@ -52,7 +52,7 @@ class WrittenLayer:
     path: str
     digest: str      # sha256 of the compressed blob
     size: int        # compressed size
-    diff_id: str     # sha256 of the uncompressed tar
+    diff_id: str     # sha256 of the uncompressed tar (image layers only; else "")
     raw_size: int    # uncompressed tar size
     pieces: list[Piece] = field(default_factory=list)
 
@@ -87,10 +87,10 @@ def group(pieces: list[Piece], target: int) -> list[list[Piece]]:
 class _Sink:
     """Compresses into a file while hashing both sides."""
 
-    def __init__(self, out: BinaryIO, level: int) -> None:
+    def __init__(self, out: BinaryIO, level: int, diff_id: bool = False) -> None:
         self.out = out
         self.compressed = hashlib.sha256()
-        self.raw = hashlib.sha256()
+        self.raw = hashlib.sha256() if diff_id else None  # only image layers need a diff ID
         self.raw_size = 0
         self.size = 0
         self.compressor = zstandard.ZstdCompressor(level=level).compressobj()
@@ -102,7 +102,8 @@ class _Sink:
             self.size += len(data)
 
     def write(self, data: bytes | memoryview) -> None:
-        self.raw.update(data)
+        if self.raw is not None:
+            self.raw.update(data)
         self.raw_size += len(data)
         self._emit(self.compressor.compress(data))
 
@@ -147,8 +148,8 @@ def write_layer(pieces: list[Piece], out_path: str, level: int = 1,
                     sink.write(b"\0" * padding)
         sink.write(b"\0" * (BLOCK * 2))
         sink.close()
-    return WrittenLayer(out_path, "sha256:" + sink.compressed.hexdigest(), sink.size,
-                        "sha256:" + sink.raw.hexdigest(), sink.raw_size, pieces)
+    return WrittenLayer(out_path, "sha256:" + sink.compressed.hexdigest(), sink.size, "",
+                        sink.raw_size, pieces)
 
 
 def write_layers(groups: list[list[Piece]], out_dir: str, level: int = 1, workers: int = 0,
@@ -294,11 +295,12 @@ def compress_file(path: str, out_path: str, level: int = 1,
     """A file that already is a tar (the read-write layer), as a tar+zstd blob."""
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb", buffering=CHUNK) as out, open(path, "rb", buffering=0) as src:
-        sink = _Sink(out, level)
+        sink = _Sink(out, level, diff_id=True)
         while data := src.read(CHUNK):
             sink.write(data)
             if progress:
                 progress(len(data))
         sink.close()
+    assert sink.raw is not None
     return WrittenLayer(out_path, "sha256:" + sink.compressed.hexdigest(), sink.size,
                         "sha256:" + sink.raw.hexdigest(), sink.raw_size)
