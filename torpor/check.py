@@ -55,18 +55,21 @@ def check_criu(criu: str | None) -> list[Requirement]:
 
 
 def check_gpu(cfg: config.Config) -> list[Requirement]:
-    driver = node.nvidia_driver_version()
-    if driver is None:
-        return [Requirement("gpu driver", "skip", "no NVIDIA driver loaded (GPU checkpoint off)")]
-    out = [Requirement("gpu driver", "ok", driver)]
-    try:
-        from torpor.gpu import inventory
+    """GPUs, driver, persistence mode, MIG: what NVML reports, through torpor's inventory."""
+    from torpor.errors import GpuError
+    from torpor.gpu import inventory
+    from torpor.gpu.criu_plugin import installed_cuda_plugin
 
+    try:
         inv = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-    except Exception as e:  # NVML is optional: report, don't crash
-        out.append(Requirement("gpu inventory", "warn", str(e)))
-        return out
-    out.extend(inventory.requirements(inv))
+    except GpuError as e:
+        return [Requirement("gpus", "fail", str(e))]
+    out = inventory.requirements(inv)
+    plugin = installed_cuda_plugin()
+    if inv is not None or plugin:
+        out.append(Requirement("criu cuda plugin", "fail" if plugin else "ok",
+                               f"{plugin} would act on the GPUs beside torpor: remove it"
+                               if plugin else "not installed (torpor drives the driver)"))
     return out
 
 

@@ -7,9 +7,12 @@
     cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *)        CHECKPOINTED -> LOCKED
     cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *)          LOCKED -> RUNNING
 
-Available from driver r570 (CUDA 12.8); GPU UUID pairs on restore from r580 (CUDA 13.0). Every
-args struct is 64 bytes, laid out as in cuda.h, with reserved fields zeroed. Every CUresult other
-than success becomes a CudaError naming the operation, the pid and the driver's own words.
+Available from driver r570 (CUDA 12.8); GPU UUID pairs on restore from r580 (CUDA 13.0), and
+refused here below that. Every args struct is 64 bytes, laid out as in cuda.h, with reserved
+fields zeroed. Every CUresult other than success becomes a CudaError naming the operation, the
+pid and the driver's own words. pids are host pids: torpor runs in the host's pid namespace.
+No cuInit: NVIDIA's own tools call these entry points without it (restore needs persistence mode,
+which torpor's node check requires).
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_ubyte, c_uint, 
 from torpor.errors import CudaError, GpuError
 
 CUDA_SUCCESS = 0
+OUT_OF_MEMORY = 2
+OPERATING_SYSTEM = 304
+ILLEGAL_STATE = 401
+NOT_READY = 600
 UUID_REMAP_MIN_DRIVER = 13000  # cuDriverGetVersion of r580 (CUDA 13.0)
 
 # CUresult names, for when the driver cannot name its own error (values from cuda.h 13.0).
 RESULT_NAMES = {
     0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
-    3: "CUDA_ERROR_NOT_INITIALIZED", 201: "CUDA_ERROR_INVALID_CONTEXT",
+    3: "CUDA_ERROR_NOT_INITIALIZED", 101: "CUDA_ERROR_INVALID_DEVICE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
     304: "CUDA_ERROR_OPERATING_SYSTEM", 401: "CUDA_ERROR_ILLEGAL_STATE",
     500: "CUDA_ERROR_NOT_FOUND", 600: "CUDA_ERROR_NOT_READY", 800: "CUDA_ERROR_NOT_PERMITTED",
     801: "CUDA_ERROR_NOT_SUPPORTED", 909: "CUDA_ERROR_TIMEOUT", 999: "CUDA_ERROR_UNKNOWN",
@@ -38,6 +46,8 @@ class ProcessState(enum.IntEnum):
     LOCKED = 1
     CHECKPOINTED = 2
     FAILED = 3
+    CHECKPOINTING = 4  # CUDA 13.4 custom storage only; a 580 driver never reports these two
+    RESTORING = 5
 
 
 class LockArgs(Structure):
@@ -102,11 +112,21 @@ class CudaDriver:
 
     @classmethod
     def load(cls, path: str) -> CudaDriver:
+        driver = cls.load_or_none(path)
+        if driver is None:
+            raise GpuError(f"cannot load the CUDA driver library {path}",
+                           hint="install the NVIDIA driver, or set [gpu] cuda_library in the "
+                           "torpor config")
+        return driver
+
+    @classmethod
+    def load_or_none(cls, path: str) -> CudaDriver | None:
+        """None when the library cannot be loaded at all (no NVIDIA driver on this node)."""
         try:
-            return cls(ctypes.CDLL(path), path)
-        except OSError as e:
-            raise GpuError(f"cannot load the CUDA driver library {path}: {e}",
-                           hint="set [gpu] cuda_library in the torpor config") from None
+            lib = ctypes.CDLL(path)
+        except OSError:
+            return None
+        return cls(lib, path)
 
     # Results ----------------------------------------------------------------------------------
 
@@ -161,9 +181,14 @@ class CudaDriver:
                     "cuCheckpointProcessCheckpoint", pid)
 
     def restore(self, pid: int, pairs: list[tuple[str, str]] | None = None) -> None:
-        """Restore onto this node's GPUs; `pairs` maps checkpointed to new GPU UUIDs."""
+        """Restore onto this node's GPUs; `pairs` maps checkpointed to new GPU UUIDs (driver
+        r580 or newer; None or empty: the same GPUs, the driver's default path)."""
         args = RestoreArgs()
         if pairs:
+            version = self.driver_version()
+            if version < UUID_REMAP_MIN_DRIVER:
+                raise GpuError(f"restoring pid {pid} onto other GPUs needs driver r580 (CUDA "
+                               f"13.0) or newer; this driver is CUDA {format_version(version)}")
             array = (GpuPair * len(pairs))()
             for slot, (old, new) in zip(array, pairs, strict=True):
                 slot.oldUuid.bytes[:] = list(uuid_bytes(old))
@@ -179,17 +204,17 @@ class CudaDriver:
                     "cuCheckpointProcessUnlock", pid)
 
 
+def format_version(version: int) -> str:
+    """cuDriverGetVersion's 13000 -> '13.0'."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 _loaded: dict[str, CudaDriver | None] = {}
 
 
 def try_load(path: str) -> CudaDriver | None:
-    """The driver, or None when this node has no CUDA driver library at all."""
+    """The driver (loaded once per path), or None when this node has no CUDA driver library.
+    A library without the checkpoint API (driver older than r570) raises GpuError."""
     if path not in _loaded:
-        try:
-            _loaded[path] = CudaDriver.load(path)
-        except GpuError as e:
-            if "cannot load" in e.message:
-                _loaded[path] = None
-            else:
-                raise
+        _loaded[path] = CudaDriver.load_or_none(path)
     return _loaded[path]
