@@ -40,6 +40,7 @@ from torpor.gpu.criu_plugin import installed_cuda_plugin
 from torpor.gpu.cuda import CudaDriver, ProcessState
 
 RETRY_DELAY_S = 0.2
+OWNER_THAW_WAIT_S = 3.0  # rollback: how long containerd gets to resume its paused task
 # Results a second try cannot change: the process's state or the GPU's memory decide them.
 FINAL_RESULTS = (cuda.OUT_OF_MEMORY, cuda.OPERATING_SYSTEM, cuda.ILLEGAL_STATE)
 
@@ -216,7 +217,12 @@ def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitSta
 
 
 def rollback(cfg: Config, pids: list[int], log: Any) -> None:
-    """From the guardian: torpor-runc died; put every process it locked back to running."""
+    """From the guardian: torpor-runc died; put every process it locked back to running.
+
+    containerd paused the task before the checkpoint and resumes it as soon as the runtime
+    call fails. Thawing and freezing again around the driver calls at that moment would race
+    with that resume (runc refuses to resume a task that is not paused, and containerd would
+    keep it "paused"), so the owner gets a moment to thaw it first."""
     driver = load_driver(cfg)
     live = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
     if driver is None or not live:
@@ -225,6 +231,12 @@ def rollback(cfg: Config, pids: list[int], log: Any) -> None:
         cgroup: Cgroup | None = Cgroup.of_pid(live[0])
     except Exception:
         cgroup = None
+    deadline = time.monotonic() + OWNER_THAW_WAIT_S
+    while cgroup is not None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if not cgroup.is_frozen():
+                break
+        time.sleep(0.02)
     resume(cfg, driver, live, log, cgroup)
 
 
