@@ -167,8 +167,9 @@ def _read_pid(pid_file: str | None) -> int:
 
 
 def _kill_on_failure(ctx: Context, container_id: str) -> None:
-    """Undo a CRIU restore whose GPU half failed: kill the container, leave nothing half-made."""
-    argv = [ctx.runtime, *runc.global_args(ctx.inv), "kill", container_id, "KILL"]
+    """Undo a CRIU restore whose GPU half failed: kill and delete the container, leaving what a
+    failed `runc restore` leaves (nothing)."""
+    argv = [ctx.runtime, *runc.global_args(ctx.inv), "delete", "--force", container_id]
     with contextlib.suppress(OSError):
         import subprocess
 
