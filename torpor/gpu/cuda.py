@@ -11,8 +11,8 @@ Available from driver r570 (CUDA 12.8); GPU UUID pairs on restore from r580 (CUD
 refused here below that. Every args struct is 64 bytes, laid out as in cuda.h, with reserved
 fields zeroed. Every CUresult other than success becomes a CudaError naming the operation, the
 pid and the driver's own words. pids are host pids: torpor runs in the host's pid namespace.
-No cuInit: NVIDIA's own tools call these entry points without it (restore needs persistence mode,
-which torpor's node check requires).
+torpor-runc never calls cuInit: NVIDIA's own tools call these entry points without it (a restore
+needs persistence mode then, which torpor's node check requires).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ class CudaDriver:
         self.lib = lib
         self.path = path
         for name, args in (
+            ("cuInit", [c_uint]),
             ("cuDriverGetVersion", [POINTER(c_int)]),
             ("cuCheckpointProcessGetRestoreThreadId", [c_int, POINTER(c_int)]),
             ("cuCheckpointProcessGetState", [c_int, POINTER(c_int)]),
@@ -143,6 +144,11 @@ class CudaDriver:
             raise CudaError(operation, pid, code, name, text)
 
     # The API ----------------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """cuInit(0) in this process: what a restore needs when persistence mode is off. Only
+        for a short-lived caller that is never checkpointed itself (torpor's bench)."""
+        self._check(self.lib.cuInit(0), "cuInit", None)
 
     def driver_version(self) -> int:
         version = c_int()

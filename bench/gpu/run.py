@@ -1,0 +1,266 @@
+"""torpor's GPU bench: checkpoint and restore a PyTorch process holding N GiB on a GPU, with
+torpor's CUDA driver binding around plain CRIU (no containerd), and the GB/s of each step.
+
+    ./run.sh --gib 16                      in the bundle bench/gpu/package.sh makes
+    python3 -m bench.gpu.run --gib 16      in a checkout (as root, CRIU on PATH)
+
+ 1. preflight (all --dry-run does): CRIU starts and `criu check` passes, the driver has the
+    checkpoint API, the GPU has room, torch sees CUDA, host memory and the images directory fit;
+ 2. start the workload (bench/gpu/workload.py) and let it fill its memory and compute;
+ 3. verify its memory against the pattern;
+ 4. checkpoint: lock, checkpoint (GPU memory moves into the process's host memory), then
+    `criu dump` of the process tree, which ends the process;
+ 5. restore: `criu restore --restore-detached`, then the driver's restore and unlock;
+ 6. verify again, and check that it computes on from where it was;
+ 7. report: seconds and GB/s (10^9 bytes of the process's GPU memory per second) per step.
+
+CRIU runs with --no-default-config and CRIU_LIBS_DIR set to an empty directory, so a
+cuda_plugin.so installed on the host cannot act beside torpor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu import preflight
+from torpor.gpu import cuda, inventory
+from torpor.gpu.cuda import ProcessState
+
+HERE = Path(__file__).resolve().parent
+CRIU_FLAGS = ["--no-default-config", "-v4", "--shell-job", "--file-locks", "--link-remap"]
+CRIUGPU_H100 = {"checkpoint": 0.7, "restore": 1.4}  # GB/s reported by CRIUgpu (arXiv 2502.16631)
+
+
+def wait_for(what: str, check: Any, timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gpu bench: timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+class Workload:
+    def __init__(self, args: Any, work: Path, env: dict[str, str]) -> None:
+        self.work = work
+        log = open(work / "workload.log", "ab")
+        self.proc = subprocess.Popen(
+            [args.python, str(HERE / "workload.py"), "--gib", str(args.gib), "--dir", str(work),
+             "--device", args.device], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.pid = self.proc.pid
+
+    def status(self) -> dict[str, Any]:
+        return read_json(self.work / "status.json") or {}
+
+    def steps(self) -> int:
+        return int(self.status().get("steps", 0))
+
+    def ready(self, timeout: float) -> None:
+        def filled() -> bool:
+            status = self.status()
+            return (status.get("phase") == "ready" and int(status.get("steps", 0)) > 0) or (
+                self.proc.poll() is not None)
+
+        wait_for("the workload to fill its memory", filled, timeout)
+        if self.proc.poll() is not None:
+            raise SystemExit(f"gpu bench: the workload exited: see {self.work}/workload.log")
+
+    def verify(self, timeout: float) -> dict[str, Any]:
+        result = self.work / "verify.json"
+        result.unlink(missing_ok=True)
+        (self.work / "verify.request").touch()
+        return dict(wait_for("the workload to verify its memory", lambda: read_json(result),
+                             timeout))
+
+    def computing(self, seconds: float = 2.0) -> tuple[int, int]:
+        before = self.steps()
+        time.sleep(seconds)
+        return before, self.steps()
+
+
+def criu(args: Any, env: dict[str, str], *argv: str) -> float:
+    started = time.monotonic()
+    proc = subprocess.run([args.criu, *argv], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"gpu bench: criu {argv[0]} failed (exit {proc.returncode}): "
+                         f"{proc.stderr.strip()[-500:]}; see the log in {args.images}")
+    return time.monotonic() - started
+
+
+def timed(fn: Any, *a: Any) -> float:
+    started = time.monotonic()
+    fn(*a)
+    return time.monotonic() - started
+
+
+def tree_bytes(path: str) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_for(f"pid {pid} to end", lambda: not Path(f"/proc/{pid}").exists()
+             or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3], 30)
+
+
+def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
+    driver = cuda.CudaDriver.load(args.cuda_library)
+    inv = inventory.gather(args.nvml_library, args.cuda_library)
+    nbytes = int(args.gib * (1 << 30)) // 4 * 4
+    env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(args.gpu))
+    if args.device == "fake":  # the fake driver's CUDA process (tests on CPU machines)
+        env.update(FAKE_CUDA_TOKEN=f"gpu-bench-{os.getpid()}", FAKE_CUDA_MEM=str(nbytes),
+                   FAKE_CUDA_STATE="R0" + inv["gpus"][args.gpu]["uuid"])
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(args.images, ignore_errors=True)
+    os.makedirs(args.images)
+    workload = Workload(args, work, env)
+    pid, restored = workload.pid, False
+    try:
+        workload.ready(args.timeout)
+        before = workload.verify(args.timeout)
+        held = inventory.gather(args.nvml_library, args.cuda_library, [pid])["processes"]
+        gpu_bytes = sum(p["used_memory"] for p in held) or nbytes
+        steps_at_checkpoint = workload.steps()
+
+        t: dict[str, float] = {"lock": timed(driver.lock, pid, args.lock_timeout_ms),
+                               "gpu_checkpoint": timed(driver.checkpoint, pid)}
+        assert driver.state(pid) == ProcessState.CHECKPOINTED
+        t["criu_dump"] = criu(args, criu_env, "dump", "-t", str(pid), "-D", args.images,
+                              "-o", "dump.log", *CRIU_FLAGS, *args.criu_arg)
+        workload.proc.wait(60)  # CRIU ended it; reaped, its pid is free for the restore
+        image_bytes = tree_bytes(args.images)
+
+        if not inv["gpus"][args.gpu]["persistence_mode"]:
+            driver.initialize()  # a restore needs persistence mode or cuInit
+        pidfile = Path(args.images) / "restored.pid"
+        t["criu_restore"] = criu(args, criu_env, "restore", "-D", args.images, "-o",
+                                 "restore.log", "--restore-detached", "--pidfile", str(pidfile),
+                                 *CRIU_FLAGS, *args.criu_arg)
+        pid, restored = int(pidfile.read_text()), True
+        assert driver.state(pid) == ProcessState.CHECKPOINTED
+        t["gpu_restore"] = timed(driver.restore, pid)
+        t["unlock"] = timed(driver.unlock, pid)
+        steps_after = workload.computing()
+        after = workload.verify(args.timeout)
+    finally:
+        if restored:
+            kill(pid)
+        elif workload.proc.poll() is None:
+            workload.proc.kill()
+            workload.proc.wait()
+        if not args.keep:
+            shutil.rmtree(args.images, ignore_errors=True)
+    return report(args, gpu_bytes, image_bytes, t, before, after, steps_at_checkpoint,
+                  steps_after, pid == workload.pid)
+
+
+def report(args: Any, gpu_bytes: int, image_bytes: int, t: dict[str, float],
+           before: dict[str, Any], after: dict[str, Any], steps_at_checkpoint: int,
+           steps_after: tuple[int, int], same_pid: bool) -> dict[str, Any]:
+    gb = gpu_bytes / 1e9
+    checkpoint_s = t["lock"] + t["gpu_checkpoint"] + t["criu_dump"]
+    restore_s = t["criu_restore"] + t["gpu_restore"] + t["unlock"]
+    return {
+        "gpu_bytes": gpu_bytes, "image_bytes": image_bytes, "seconds": t,
+        "checkpoint_s": checkpoint_s, "restore_s": restore_s,
+        "checkpoint_gb_s": gb / checkpoint_s, "restore_gb_s": gb / restore_s,
+        "gpu_checkpoint_gb_s": gb / t["gpu_checkpoint"], "gpu_restore_gb_s": gb / t["gpu_restore"],
+        "criugpu_h100_gb_s": CRIUGPU_H100,
+        "verified_before": before["ok"], "verified_after": after["ok"],
+        "bad_chunks_after": after["bad_chunks"],
+        "steps_at_checkpoint": steps_at_checkpoint, "steps_after_restore": list(steps_after),
+        "computing_after_restore": steps_after[1] > steps_after[0] >= steps_at_checkpoint,
+        "same_pid": same_pid, "device": args.device, "gib": args.gib,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    t = result["seconds"]
+    gb = result["gpu_bytes"] / 1e9
+    lines = [f"GPU memory of the process: {gb:.2f} GB; CRIU images: "
+             f"{result['image_bytes'] / 1e9:.2f} GB"]
+    for step in ("lock", "gpu_checkpoint", "criu_dump", "criu_restore", "gpu_restore", "unlock"):
+        lines.append(f"  {step:<15} {t[step]:8.3f} s")
+    ref = result["criugpu_h100_gb_s"]
+    lines += [
+        f"checkpoint {result['checkpoint_s']:.2f} s = {result['checkpoint_gb_s']:.2f} GB/s "
+        f"(CRIUgpu on H100: {ref['checkpoint']} GB/s)",
+        f"restore    {result['restore_s']:.2f} s = {result['restore_gb_s']:.2f} GB/s "
+        f"(CRIUgpu on H100: {ref['restore']} GB/s)",
+        f"tensors match after restore: {result['verified_after']}; computing goes on: "
+        f"{result['computing_after_restore']} (steps {result['steps_at_checkpoint']} at checkpoint,"
+        f" {result['steps_after_restore'][0]} -> {result['steps_after_restore'][1]} after)",
+    ]
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> Any:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--gib", type=float, default=16.0, help="GPU memory the workload holds")
+    p.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU to use")
+    p.add_argument("--images", default="/dev/shm/torpor-gpu-bench", help="CRIU's images")
+    p.add_argument("--work", default=None, help="the workload's files (default: a temp dir)")
+    p.add_argument("--criu", default=os.environ.get("TORPOR_BENCH_CRIU", "criu"))
+    p.add_argument("--criu-arg", action="append", default=[], help="one more CRIU flag")
+    p.add_argument("--python", default=sys.executable, help="a Python that imports torch")
+    p.add_argument("--cuda-library", default="libcuda.so.1")
+    p.add_argument("--nvml-library", default="libnvidia-ml.so.1")
+    p.add_argument("--lock-timeout-ms", type=int, default=10000)
+    p.add_argument("--timeout", type=float, default=900, help="seconds for fill and verify")
+    p.add_argument("--device", choices=("cuda", "fake"), default="cuda",
+                   help="fake: host memory and torpor's fake driver (CPU-only tests)")
+    p.add_argument("--json", default=None, help="also write the result here")
+    p.add_argument("--keep", action="store_true", help="keep CRIU's images")
+    p.add_argument("--dry-run", action="store_true", help="check the host and stop")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    args.work = args.work or tempfile.mkdtemp(prefix="torpor-gpu-bench-")
+    empty_plugins = tempfile.mkdtemp(prefix="torpor-criu-plugins-")
+    criu_env = dict(os.environ, CRIU_LIBS_DIR=empty_plugins)
+    pre = preflight.run(args, criu_env)
+    print(json.dumps({"preflight": pre.facts, "problems": pre.problems, "notes": pre.notes},
+                     indent=1))
+    if args.dry_run or pre.problems:
+        print(f"ready: {'no' if pre.problems else 'yes'}")
+        return 1 if pre.problems else 0
+    result = run(args, criu_env)
+    print(render(result))
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"preflight": pre.facts, "result": result},
+                                              indent=1))
+    ok = result["verified_after"] and result["computing_after_restore"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
