@@ -8,7 +8,6 @@ only while the driver says it is RUNNING, so a process left locked shows as a st
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -42,7 +41,7 @@ class GpuNode:
     gpus: list[dict[str, object]]
 
     def driver(self) -> cuda.CudaDriver:
-        os.environ["TORPOR_FAKE_GPU_DIR"] = str(self.fake.dir)
+        """The fake driver, as this test process sees it (the `gpus` fixture points it here)."""
         return cuda.CudaDriver.load(str(self.libs.cuda))
 
     def state(self, pid: int) -> ProcessState:
@@ -137,8 +136,9 @@ def gpu_node(nodes: object, session_dir: Path, fake_libs: FakeLibs,
 
 
 @pytest.fixture
-def gpus(gpu_node: GpuNode) -> Iterator[GpuNode]:
+def gpus(gpu_node: GpuNode, monkeypatch: pytest.MonkeyPatch) -> Iterator[GpuNode]:
     """The GPU node as configured at the start, whatever the test changes."""
+    monkeypatch.setenv("TORPOR_FAKE_GPU_DIR", str(gpu_node.fake.dir))
     gpu_node.fake.configure(gpu_node.gpus)
     yield gpu_node
     gpu_node.fake.configure(gpu_node.gpus)
@@ -233,7 +233,7 @@ FAILURES = {
     "checkpoint-fails": ("checkpoint=999", "cuCheckpointProcessCheckpoint for pid {pid} failed: "
                          "CUDA_ERROR_UNKNOWN (999): unknown error; the CUDA processes were "
                          "unlocked and keep running"),
-    "criu-dump-fails": ("--uring", "criu failed"),
+    "criu-dump-fails": ("--uring", "torpor: runc checkpoint failed (exit 1)"),
 }
 
 
