@@ -130,7 +130,7 @@ def test_torpor_check_names_what_to_fix(fake_libs: FakeLibs, fake_node: FakeNode
         "fail", "560.35.03: the CUDA checkpoint API needs driver 570 or newer")
     monkeypatch.delenv("TORPOR_FAKE_GPU_DIR")
     assert report(tmp_path, fake_libs) == {
-        "gpus": ("skip", "no NVIDIA driver (NVML cannot be loaded): GPU checkpoint is off")}
+        "gpu driver": ("skip", "no NVIDIA driver loaded (GPU checkpoint off)")}
 
 
 def test_criu_cuda_plugin_is_found_where_criu_would_load_it(tmp_path: Path) -> None:

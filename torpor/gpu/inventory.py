@@ -206,8 +206,7 @@ def describe(inventory: dict[str, Any]) -> list[str]:
 def requirements(inventory: dict[str, Any] | None) -> list[Requirement]:
     """What `torpor check` reports about GPU checkpointing on this node."""
     if inventory is None:
-        return [Requirement("gpus", "skip", "no NVIDIA driver (NVML cannot be loaded): GPU "
-                            "checkpoint is off")]
+        return [Requirement("gpu driver", "skip", "no NVIDIA driver loaded (GPU checkpoint off)")]
     gpus = inventory.get("gpus", [])
     out = []
     if gpus:
