@@ -105,8 +105,10 @@ def check_host(pre: Preflight, images: str, need: int, margin: int) -> None:
         pre.problems.append(f"{inventory.gib(available)} of host memory available; a checkpoint "
                             f"of {inventory.gib(need)} needs about twice that (the process holds "
                             "its GPU memory in host memory, and CRIU's images)")
-    os.makedirs(images, exist_ok=True)
-    stat = os.statvfs(images)
+    existing = os.path.abspath(images)
+    while not os.path.exists(existing):  # the filesystem it will be made on
+        existing = os.path.dirname(existing)
+    stat = os.statvfs(existing)
     free = stat.f_bavail * stat.f_frsize
     pre.facts["images_dir_free"] = free
     if free < need + margin:

@@ -243,15 +243,19 @@ def parse(argv: list[str] | None = None) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    args.work = args.work or tempfile.mkdtemp(prefix="torpor-gpu-bench-")
-    empty_plugins = tempfile.mkdtemp(prefix="torpor-criu-plugins-")
-    criu_env = dict(os.environ, CRIU_LIBS_DIR=empty_plugins)
+    with tempfile.TemporaryDirectory(prefix="torpor-criu-plugins-") as empty_plugins:
+        return bench(args, dict(os.environ, CRIU_LIBS_DIR=empty_plugins))
+
+
+def bench(args: Any, criu_env: dict[str, str]) -> int:
     pre = preflight.run(args, criu_env)
     print(json.dumps({"preflight": pre.facts, "problems": pre.problems, "notes": pre.notes},
                      indent=1))
     if args.dry_run or pre.problems:
         print(f"ready: {'no' if pre.problems else 'yes'}")
         return 1 if pre.problems else 0
+    args.work = args.work or tempfile.mkdtemp(prefix="torpor-gpu-bench-")
+    print(f"the workload's files: {args.work}")
     result = run(args, criu_env)
     print(render(result))
     print(json.dumps(result))
