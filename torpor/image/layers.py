@@ -1,13 +1,10 @@
-"""Layers as tar+zstd, written in parallel and read back without escaping their target.
+"""Writing layers as tar+zstd, in parallel (extract.py reads them back).
 
-Writing: a layer is a list of pieces (a file, or a byte range of a big file) streamed from disk
-through one pass that writes tar headers, compresses with zstd and computes the compressed
-digest and size (and the uncompressed diff ID); several layers compress at once, on threads,
-since zstd and sha256 release the GIL. A checkpoint never sits in Python's memory.
-
-Reading: the compressed stream's digest is checked as it is read; entries must be regular files
-or directories with safe relative names; a piece carries the PAX header TORPOR.range
-"<offset> <total>" and lands at its offset, so parts may be extracted in parallel.
+A layer is a list of pieces (a file, or a byte range of a big file, marked with the PAX header
+TORPOR.range "<offset> <total>") streamed from disk through one pass that writes tar headers,
+compresses with zstd and computes the compressed digest and size (and, for image layers, the
+uncompressed diff ID); several layers compress at once, on threads, since zstd and sha256
+release the GIL. A checkpoint never sits in Python's memory.
 """
 
 from __future__ import annotations
@@ -20,11 +17,11 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, BinaryIO
+from typing import BinaryIO
 
 import zstandard
 
-from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
+from torpor.errors import ImageError
 from torpor.image.mediatypes import RANGE_PAX
 
 BLOCK = 512
@@ -167,127 +164,6 @@ def write_layers(groups: list[list[Piece]], out_dir: str, level: int = 1, worker
         futures = [pool.submit(write_layer, g, os.path.join(out_dir, f"layer-{i}.tar.zst"), level,
                                report) for i, g in enumerate(groups)]
         return [f.result() for f in futures]
-
-
-# Reading ----------------------------------------------------------------------------------
-
-class _VerifyingReader:
-    """A file object that hashes what it reads and checks digest and size at the end."""
-
-    def __init__(self, raw: BinaryIO, digest: str, size: int, what: str) -> None:
-        self.raw, self.digest, self.size, self.what = raw, digest, size, what
-        self.hasher = hashlib.sha256()
-        self.seen = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.hasher.update(data)
-        self.seen += len(data)
-        if self.seen > self.size:
-            raise DigestMismatch(f"{self.what} is larger than its descriptor's {self.size} bytes")
-        if not data:
-            self.check()
-        return data
-
-    def check(self) -> None:
-        if self.seen != self.size:
-            raise ImageError(f"{self.what} is truncated: {self.seen} of {self.size} bytes")
-        if "sha256:" + self.hasher.hexdigest() != self.digest:
-            raise DigestMismatch(f"{self.what} does not match its digest {self.digest}")
-
-
-def _safe_name(name: str) -> str:
-    if name.startswith("/"):
-        raise UnsafeArchive(f"layer entry {name!r} has an absolute path")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise UnsafeArchive(f"layer entry {name!r} is not a plain relative path")
-    return "/".join(parts)
-
-
-def extract_layer(blob_path: str, digest: str, size: int, target: str,
-                  allowed_top: tuple[str, ...], what: str) -> list[tuple[str, int, int, int]]:
-    """Extract a state layer into `target`; returns (name, offset, length, total) per piece.
-
-    Only regular files and directories under `allowed_top` are accepted; everything else
-    (links, devices, FIFOs, `..`, absolute names) is refused as UnsafeArchive.
-    """
-    root = os.path.realpath(target)
-    written: list[tuple[str, int, int, int]] = []
-    with open(blob_path, "rb") as raw:
-        verifying = _VerifyingReader(raw, digest, size, what)
-        reader = zstandard.ZstdDecompressor().stream_reader(
-            verifying, read_across_frames=True)  # type: ignore[arg-type]
-        try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    name = _safe_name(member.name)
-                    if name.split("/")[0] not in allowed_top:
-                        raise UnsafeArchive(f"{what}: entry {name!r} is outside "
-                                            f"{', '.join(allowed_top)}")
-                    path = os.path.join(root, name)
-                    if member.isdir():
-                        _make_dirs(root, name)
-                        continue
-                    if not member.isfile():
-                        raise UnsafeArchive(f"{what}: entry {name!r} is a link, device or FIFO")
-                    offset, total = 0, member.size
-                    if RANGE_PAX in member.pax_headers:
-                        try:
-                            offset, total = (int(v) for v in member.pax_headers[RANGE_PAX].split())
-                        except ValueError:
-                            raise UnsafeArchive(f"{what}: entry {name!r} has a bad range") from None
-                        if offset < 0 or offset + member.size > total:
-                            raise UnsafeArchive(f"{what}: entry {name!r} has a bad range")
-                    _make_dirs(root, os.path.dirname(name))
-                    source = tar.extractfile(member)
-                    assert source is not None
-                    _write_range(path, source, offset, member.size)
-                    written.append((name, offset, member.size, total))
-            _drain(verifying)  # the rest of the blob (zstd framing): digest it too
-        except (tarfile.TarError, zstandard.ZstdError, EOFError) as e:
-            _drain(verifying)  # a damaged blob says so by its digest, the clearer reason
-            raise ImageError(f"{what} is not a readable tar+zstd layer: {e}") from None
-    verifying.check()
-    return written
-
-
-def _drain(verifying: _VerifyingReader) -> None:
-    """Read the rest of the blob: raises DigestMismatch or a truncation error if it has one."""
-    while verifying.read(CHUNK):
-        pass
-
-
-def _make_dirs(root: str, rel: str) -> None:
-    current = root
-    for part in [p for p in rel.split("/") if p]:
-        current = os.path.join(current, part)
-        try:
-            os.mkdir(current, 0o700)
-            continue
-        except FileExistsError:  # made by another part's thread, or in the layer already
-            st = os.lstat(current)
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafeArchive(f"{current} is in the way of a directory")
-
-
-def _write_range(path: str, source: IO[bytes], offset: int, length: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        position = offset
-        left = length
-        while left:
-            data = source.read(min(CHUNK, left))
-            if not data:
-                raise ImageError(f"{path}: the layer ended inside this file")
-            view = memoryview(data)
-            while view:
-                n = os.pwrite(fd, view, position)
-                view = view[n:]
-                position += n
-            left -= len(data)
-    finally:
-        os.close(fd)
 
 
 def compress_file(path: str, out_path: str, level: int = 1,

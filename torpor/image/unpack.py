@@ -19,7 +19,7 @@ from typing import Any
 
 from torpor import checkpoint_dir, containerd_image
 from torpor.errors import AlreadyExists, ImageError, RestoreError
-from torpor.image import layers as layer_io
+from torpor.image import extract
 from torpor.image import mediatypes as mt
 from torpor.registry.descriptors import Descriptor
 from torpor.registry.layout import Layout
@@ -137,7 +137,7 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
             if not layout.has_blob(layer.digest):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
         with ThreadPoolExecutor(max_workers=workers or min(4, max(1, len(layer_list)))) as pool:
-            futures = [pool.submit(layer_io.extract_layer, str(layout.blob_path(layer.digest)),
+            futures = [pool.submit(extract.extract_layer, str(layout.blob_path(layer.digest)),
                                    layer.digest, layer.size, target, ("criu", "criu-dump.log"),
                                    f"layer {layer.digest}") for layer in layer_list]
             for future in futures:

@@ -37,11 +37,16 @@ def record_dir(state_dir: str, bundle: str, container_id: str) -> str:
     return os.path.join(state_dir, "containers", container_key(bundle, container_id))
 
 
-def netns_path_of(spec: dict[str, Any], pid: int) -> str:
+def explicit_netns(spec: dict[str, Any]) -> str | None:
+    """The network namespace path the spec names (a pod's), or None when runc makes one."""
     for ns in spec.get("linux", {}).get("namespaces", []):
         if ns.get("type") == "network":
-            return str(ns.get("path") or f"/proc/{pid}/ns/net")
-    return f"/proc/{pid}/ns/net"
+            return str(ns.get("path") or "") or None
+    return None
+
+
+def netns_path_of(spec: dict[str, Any], pid: int) -> str:
+    return explicit_netns(spec) or f"/proc/{pid}/ns/net"
 
 
 def gpu_devices(spec: dict[str, Any]) -> list[str]:
@@ -57,10 +62,7 @@ def build_record(state: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
         netns_inode = os.stat(netns).st_ino
     except OSError:
         netns_inode = 0
-    own_netns = not any(
-        ns.get("type") == "network" and ns.get("path")
-        for ns in spec.get("linux", {}).get("namespaces", [])
-    )
+    own_netns = explicit_netns(spec) is None
     return {
         "id": state.get("id"),
         "pid": pid,

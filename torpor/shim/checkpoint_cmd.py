@@ -22,62 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torpor
-from torpor import netns, rootfs, volumes
-from torpor.errors import CheckpointError, CriuError
+from torpor.errors import CriuError
 from torpor.freezer import Cgroup
 from torpor.oci_hooks import records
-from torpor.shim import criu_log, image_dir, runc, spec
+from torpor.shim import capture, criu_log, image_dir, interrupt, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.guardian import Guardian
 
 if TYPE_CHECKING:
     from torpor.shim.main import Context
-
-CRIU_FLAGS = ("tcp-established", "file-locks", "ext-unix-sk", "shell-job")
-
-
-def criu_flags(inv: Invocation) -> dict[str, Any]:
-    return {
-        **{flag: inv.has(flag) for flag in CRIU_FLAGS},
-        "empty-ns": inv.values("empty-ns"),
-        "leave-running": inv.has("leave-running"),
-        "manage-cgroups-mode": inv.flag("manage-cgroups-mode"),
-    }
-
-
-def default_flags(ctx: Context, inv: Invocation, config: dict[str, Any]) -> list[str]:
-    """CRIU flags ctr and nerdctl cannot pass: from the container's annotations
-    (io.torpor.checkpoint.tcp-established / file-locks = "true"), else the config."""
-    annotations = config.get("annotations") or {}
-    wanted = {"tcp-established": ctx.cfg.checkpoint_tcp_established,
-              "file-locks": ctx.cfg.checkpoint_file_locks}
-    extra = []
-    for flag, default in wanted.items():
-        value = annotations.get(f"io.torpor.checkpoint.{flag}")
-        on = value.lower() == "true" if isinstance(value, str) else default
-        if on and not inv.has(flag):
-            extra.append(f"--{flag}")
-    return extra
-
-
-def policy(ctx: Context, request: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    annotations = config.get("annotations") or {}
-    chosen = (volumes.parse_policy(request.get("volumes"))
-              or volumes.parse_policy(annotations.get(volumes.ANNOTATION))
-              or volumes.parse_policy(ctx.cfg.checkpoint_volumes) or "all")
-    return {
-        "volumes": chosen,
-        "dev_shm": request.get("dev_shm", ctx.cfg.checkpoint_dev_shm),
-        "rootfs": request.get("rootfs", ctx.cfg.checkpoint_rootfs),
-    }
-
 
 @contextlib.contextmanager
 def frozen(cgroup: Cgroup, log: Any) -> Iterator[bool]:
@@ -96,31 +55,6 @@ def frozen(cgroup: Cgroup, log: Any) -> Iterator[bool]:
                 log.warning(f"could not thaw {cgroup.path}: {e}")
 
 
-def save_files(ctx: Context, pid: int, config: dict[str, Any], chosen: dict[str, Any],
-               out_dir: str) -> dict[str, Any]:
-    saved: dict[str, Any] = {"rootfs": None, "volumes": [], "dev_shm": None}
-    if chosen["rootfs"]:
-        overlay = rootfs.root_overlay(pid)
-        if overlay is None:
-            ctx.log.info("the container's root is not an overlay mount: its read-write layer "
-                         "is left to containerd's diff service")
-        else:
-            path = os.path.join(out_dir, image_dir.ROOTFS_DIFF)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                entries = rootfs.write_layer(overlay["upperdir"], out)
-                saved["rootfs"] = {"archive": image_dir.ROOTFS_DIFF, "entries": entries,
-                                   "bytes": out.tell()}
-    selected, shm = volumes.select(config, chosen["volumes"], chosen["dev_shm"])
-    for volume in selected:
-        volumes.save(volume, out_dir)
-        saved["volumes"].append(volume.to_dict())
-    if shm is not None:
-        volumes.save(shm, out_dir)
-        saved["dev_shm"] = shm.to_dict()
-    return saved
-
-
 def run(ctx: Context) -> int:
     inv = ctx.inv
     if inv.has("help", "h") or inv.has("pre-dump") or not inv.container_id:
@@ -136,14 +70,14 @@ def run(ctx: Context) -> int:
     image_path = (request.get("image_path") or inv.flag("image-path")
                   or os.path.join(os.getcwd(), "checkpoint"))
     argv = inv.with_flag_value("image-path", image_path) if request.get("image_path") else inv.argv
-    defaults = default_flags(ctx, inv, config)
+    defaults = capture.default_flags(ctx, inv, config)
     if defaults:
         argv = Invocation(argv).with_flags(defaults)
     os.makedirs(image_path, mode=0o700, exist_ok=True)
     out_dir = image_dir.ensure(image_path)
-    chosen = policy(ctx, request, config)
+    chosen = capture.policy(ctx, request, config)
     cgroup = Cgroup.of_pid(pid)
-    flags = criu_flags(Invocation(argv))
+    flags = capture.criu_flags(Invocation(argv))
     state: dict[str, Any] = {
         "format": image_dir.FORMAT,
         "torpor_version": torpor.__version__,
@@ -153,29 +87,24 @@ def run(ctx: Context) -> int:
         "policy": chosen,
     }
     guardian = Guardian().start(lambda s: rollback(ctx, s))
-    with contextlib.ExitStack() as undo, interruptible():
+    with contextlib.ExitStack() as undo, interrupt.interruptible():
         undo.callback(guardian.release)
         t = time.monotonic()
         state["gpu"] = gpu_suspend(ctx, undo, cgroup, guardian, flags["leave-running"])
         timings["gpu_checkpoint_s"] = time.monotonic() - t
 
         t = time.monotonic()
-        state["network"] = {
-            "netns_path": _netns_path(config, pid),
-            "created_by_runtime": not _has_netns_path(config),
-            "config": netns.snapshot(f"/proc/{pid}/ns/net"),
-            "sockets": netns.socket_addresses(pid),
-        }
+        state["network"] = capture.network_state(config, pid)
         state["mounts"] = config.get("mounts", [])
-        state["processes"] = process_tree(cgroup.pids())
+        state["processes"] = capture.process_tree(cgroup.pids())
         timings["network_s"] = time.monotonic() - t
 
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
                       thaw=not cgroup.is_frozen())
         with frozen(cgroup, ctx.log) as we_froze:  # thawed as soon as runc is done
-            hold(ctx, "frozen")
+            interrupt.hold(ctx, "frozen")
             t = time.monotonic()
-            state["files"] = save_files(ctx, pid, config, chosen, out_dir)
+            state["files"] = capture.save_files(ctx, pid, config, chosen, out_dir)
             timings["files_s"] = time.monotonic() - t
             t = time.monotonic()
             code, output = run_runc(ctx, argv, guardian)
@@ -200,24 +129,6 @@ def run(ctx: Context) -> int:
     return 0
 
 
-def process_tree(pids: list[int]) -> list[dict[str, Any]]:
-    """pid, parent, name, command line and resident memory of each process, for inspect."""
-    tree = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        tree.append({"pid": pid, "ns_pid": int(status.get("NSpid", str(pid)).split()[-1]),
-                     "ppid": int(status.get("PPid", "0").strip()),
-                     "name": status.get("Name", "").strip(), "cmdline": cmdline,
-                     "rss_bytes": int(status.get("VmRSS", "0 kB").split()[0]) * 1024})
-    return tree
-
-
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, bytes]:
     """`runc checkpoint` with the caller's argv; its exit status and output. An interrupt waits
     for it (CRIU must finish). The output is held back: on failure, torpor's reason goes first,
@@ -231,38 +142,11 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, by
         try:
             output, _ = proc.communicate()
             break
-        except Interrupted:
+        except interrupt.Interrupted:
             interrupted = True
     if interrupted:
-        raise Interrupted("interrupted during runc checkpoint")
+        raise interrupt.Interrupted("interrupted during runc checkpoint")
     return proc.returncode, output
-
-
-class Interrupted(CheckpointError):
-    pass
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP raise Interrupted, so the ExitStack undoes what was done.
-    Only in this process: children forked meanwhile (pyroute2 forks one to enter the network
-    namespace, and ends it with SIGTERM) inherit the handler and must just die."""
-    owner = os.getpid()
-
-    def handler(signum: int, frame: object) -> None:
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise Interrupted(f"checkpoint interrupted by signal {signum}; the container keeps running")
-
-    previous = {sig: signal.signal(sig, handler)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def rollback(ctx: Context, state: dict[str, Any]) -> None:
@@ -276,18 +160,6 @@ def rollback(ctx: Context, state: dict[str, Any]) -> None:
         session.rollback(ctx.cfg, state["gpu_pids"], ctx.log)
 
 
-def hold(ctx: Context, step: str) -> None:
-    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests kill us here)."""
-    marker = os.path.join(ctx.cfg.runtime_state_dir, "test-hold", step)
-    if not os.path.exists(marker):
-        return
-    with open(marker + ".pid", "w") as f:
-        f.write(str(os.getpid()))
-    deadline = time.monotonic() + 120
-    while os.path.exists(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardian: Guardian,
                 leave_running: bool) -> dict[str, Any] | None:
     """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`."""
@@ -295,18 +167,6 @@ def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardi
 
     return session.suspend_for_checkpoint(ctx.cfg, cgroup, undo, ctx.log, leave_running,
                                           on_locked=lambda pids: guardian.tell(gpu_pids=pids))
-
-
-def _has_netns_path(config: dict[str, Any]) -> bool:
-    return any(ns.get("type") == "network" and ns.get("path")
-               for ns in config.get("linux", {}).get("namespaces", []))
-
-
-def _netns_path(config: dict[str, Any], pid: int) -> str:
-    for ns in config.get("linux", {}).get("namespaces", []):
-        if ns.get("type") == "network" and ns.get("path"):
-            return str(ns["path"])
-    return f"/proc/{pid}/ns/net"
 
 
 def runc_exec(ctx: Context) -> None:

@@ -31,7 +31,7 @@ from torpor.errors import RestoreError, TorporError
 from torpor.freezer import Cgroup
 from torpor.oci_hooks import records
 from torpor.shim import criu_log, image_dir, lowlevel, modifiers, runc, spec
-from torpor.shim.checkpoint_cmd import CRIU_FLAGS
+from torpor.shim.capture import CRIU_FLAGS
 from torpor.shim.create_cmd import spec_modifiers
 
 if TYPE_CHECKING:
@@ -56,19 +56,12 @@ def extra_flags(inv: Any, state: dict[str, Any]) -> list[str]:
     return [f"--{flag}" for flag in CRIU_FLAGS if recorded.get(flag) and not inv.has(flag)]
 
 
-def netns_path_of(config: dict[str, Any]) -> str | None:
-    for ns in config.get("linux", {}).get("namespaces", []):
-        if ns.get("type") == "network":
-            return str(ns.get("path") or "") or None
-    return None
-
-
 def prepare_network(ctx: Context, config: dict[str, Any], state: dict[str, Any],
                     plan_path: str) -> None:
     network = state.get("network") or {}
     needed = netns.needed_addresses(network.get("sockets") or [])
     add = (config.get("annotations") or {}).get(ADD_ADDRESSES, "").lower() == "true"
-    path = netns_path_of(config)
+    path = records.explicit_netns(config)
     if path:
         if not os.path.exists(path):
             raise RestoreError(f"the network namespace {path} in the spec does not exist")

@@ -1,0 +1,55 @@
+"""Stopping a checkpoint cleanly: signals that unwind it, and the test hook that holds it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from torpor.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torpor.shim.main import Context
+
+
+class Interrupted(CheckpointError):
+    pass
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP raise Interrupted, so the ExitStack undoes what was done.
+    Only in this process: children forked meanwhile (pyroute2 forks one to enter the network
+    namespace, and ends it with SIGTERM) inherit the handler and must just die."""
+    owner = os.getpid()
+
+    def handler(signum: int, frame: object) -> None:
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Interrupted(f"checkpoint interrupted by signal {signum}; the container keeps running")
+
+    previous = {sig: signal.signal(sig, handler)
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+
+def hold(ctx: Context, step: str) -> None:
+    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests kill us here)."""
+    marker = os.path.join(ctx.cfg.runtime_state_dir, "test-hold", step)
+    if not os.path.exists(marker):
+        return
+    with open(marker + ".pid", "w") as f:
+        f.write(str(os.getpid()))
+    deadline = time.monotonic() + 120
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
