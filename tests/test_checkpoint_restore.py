@@ -336,3 +336,20 @@ def test_annotation_gives_ctr_the_flags_it_cannot_pass(node: Node, tmp_path: Pat
         assert read_counter(node, "annot") >= before
         assert kv_ask(node, "annot", "PING") == "PONG"
         node.ctr("images", "rm", "localhost/ckpt/annot:1")
+
+
+def test_native_snapshotter_uses_containerds_diff_service(node: Node, tmp_path: Path,
+                                                          test_image: dict[str, object]) -> None:
+    """Not overlay: the read-write layer comes from containerd's diff service, and back."""
+    with containers(node) as names:
+        names += ["native", "native-b"]
+        node.ctr("run", "-d", "--snapshotter", "native", *SHIM, str(test_image["name"]),
+                 "native", "sh", "-c", "echo native > /root/made; rm /etc/group; "
+                 "exec kvserver 7000")
+        wait_kv(node, "native")
+        run_torpor(node, "checkpoint", "native", "-o", str(tmp_path / "ck"))
+        assert (tmp_path / "ck" / "rootfs-diff.tar").stat().st_size > 0
+        node.ctr("tasks", "delete", "native")
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "native-b")
+        out = exec_out(node, "native-b", "sh", "-c", "cat /root/made; ls /etc/group 2>&1; true")
+        assert "native" in out and "No such file" in out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from torpor.shim.containerd.client import Client, decode_runc_options
 
 Progress = Callable[[str], None]
 TORPOR_SHIM = "io.containerd.torpor.v2"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 
 
 @dataclass
@@ -118,8 +120,12 @@ def checkpoint(client: Client, container_id: str, directory: str, options: Check
         if state is None:
             raise CheckpointError(f"torpor-runc left no state in {criu_dir}: is the container's "
                                   "runtime really torpor-runc?")
-        progress("writing checkpoint metadata")
         _finish_layout(directory, criu_dir, work_dir)
+        if not (state.get("files") or {}).get("rootfs") and container.snapshot_key:
+            progress(f"saving the read-write layer ({container.snapshotter} snapshotter)")
+            rootfs_by_diff_service(client, container,
+                                   os.path.join(directory, checkpoint_dir.ROOTFS_DIFF))
+        progress("writing checkpoint metadata")
         metadata = _metadata(container, runtime, image, options, state, directory,
                              timings={"checkpoint_s": checkpoint_s,
                                       "total_s": time.time() - started})
@@ -135,6 +141,27 @@ def checkpoint(client: Client, container_id: str, directory: str, options: Check
         raise
     finally:
         records.take_request(record)  # never leave a request behind for a later checkpoint
+
+
+def rootfs_by_diff_service(client: Client, container: containers_pb2.Container,
+                           out_path: str) -> None:
+    """The read-write layer from containerd's diff service, for snapshotters that are not
+    overlay (torpor-runc saves overlay upper directories itself, while the container is frozen;
+    this runs after the checkpoint)."""
+    snapshotter, key = container.snapshotter, container.snapshot_key
+    parent = client.stat_snapshot(snapshotter, key).parent
+    view = f"torpor-diff-{container.id}-{secrets.token_hex(4)}"
+    with client.lease():
+        left = client.view_snapshot(snapshotter, view, parent)
+        try:
+            right = client.snapshot_mounts(snapshotter, key)
+            layer = client.diff(left, right, LAYER_TAR, f"torpor-rootfs-{container.id}")
+        finally:
+            client.remove_snapshot(snapshotter, view)
+        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            for chunk in client.read_content(layer.digest):
+                out.write(chunk)
 
 
 def _finish_layout(directory: str, criu_dir: str, work_dir: str) -> None:

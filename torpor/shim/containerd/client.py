@@ -343,6 +343,12 @@ class Client:
                               snapshots_pb2.PrepareSnapshotResponse,
                               f"prepare snapshot {key}").mounts)
 
+    def view_snapshot(self, snapshotter: str, key: str, parent: str) -> list[types_pb2.Mount]:
+        return list(self.call("/containerd.services.snapshots.v1.Snapshots/View",
+                              snapshots_pb2.ViewSnapshotRequest(snapshotter=snapshotter, key=key,
+                                                                parent=parent),
+                              snapshots_pb2.ViewSnapshotResponse, f"view snapshot {parent}").mounts)
+
     def snapshot_mounts(self, snapshotter: str, key: str) -> list[types_pb2.Mount]:
         return list(self.call("/containerd.services.snapshots.v1.Snapshots/Mounts",
                               snapshots_pb2.MountsRequest(snapshotter=snapshotter, key=key),
@@ -371,6 +377,14 @@ class Client:
         self._empty("/containerd.services.snapshots.v1.Snapshots/Remove",
                     snapshots_pb2.RemoveSnapshotRequest(snapshotter=snapshotter, key=key),
                     f"remove snapshot {key}")
+
+    def diff(self, left: list[types_pb2.Mount], right: list[types_pb2.Mount], media_type: str,
+             ref: str) -> types_pb2.Descriptor:
+        """containerd's diff service: the changes from `left` to `right` as a layer blob."""
+        return self.call("/containerd.services.diff.v1.Diff/Diff",
+                         diff_pb2.DiffRequest(left=left, right=right, media_type=media_type,
+                                              ref=ref),
+                         diff_pb2.DiffResponse, f"diff {ref}", timeout=None).diff
 
     def apply_diff(self, diff: types_pb2.Descriptor,
                    mounts: list[types_pb2.Mount]) -> types_pb2.Descriptor:
