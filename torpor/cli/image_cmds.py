@@ -101,10 +101,12 @@ def render(info: dict) -> str:  # type: ignore[type-arg]
     mounts = info.get("mounts") or []
     lines.append("mounts       " + ", ".join(f"{m['destination']} ({m['type']})" for m in mounts))
     gpus = info.get("gpus") or {}
-    inventory = gpus.get("inventory") or {}
     if gpus:
-        lines.append(f"gpus         driver {inventory.get('driver_version')}: " + ", ".join(
-            f"{g.get('name')} {g.get('uuid')}" for g in inventory.get("gpus", [])))
+        from torpor.gpu.inventory import describe
+
+        processes = ", ".join(str(p.get("ns_pid")) for p in gpus.get("processes", []))
+        lines.append(f"gpus         CUDA processes (container pids): {processes}")
+        lines.extend(f"             {line}" for line in describe(gpus.get("inventory") or {}))
     else:
         lines.append("gpus         none")
     layers = info.get("layers") or []

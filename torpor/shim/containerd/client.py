@@ -22,6 +22,7 @@ from torpor.shim.containerd.api import (
     containers_pb2,
     content_pb2,
     diff_pb2,
+    events_pb2,
     images_pb2,
     leases_pb2,
     namespaces_pb2,
@@ -154,6 +155,21 @@ class Client:
                       namespaces_pb2.CreateNamespaceResponse, f"create namespace {self.namespace}")
         except AlreadyExists:
             pass
+
+    def events(self, *filters: str, timeout: float | None = None) -> Iterator[events_pb2.Envelope]:
+        """containerd's event stream (e.g. `topic=="/tasks/exit"`), for this client's namespace."""
+        stub = self.channel.unary_stream(
+            "/containerd.services.events.v1.Events/Subscribe",
+            request_serializer=events_pb2.SubscribeRequest.SerializeToString,
+            response_deserializer=events_pb2.Envelope.FromString)
+        try:
+            for envelope in stub(events_pb2.SubscribeRequest(filters=list(filters)),
+                                 metadata=self.metadata(), timeout=timeout):
+                if envelope.namespace == self.namespace:
+                    yield envelope
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise translate(e, "events", self.address) from None
 
     # Containers -------------------------------------------------------------------------------
 
