@@ -15,6 +15,7 @@ import pytest
 
 from .support.containerd import Node
 from .support.processes import wait_for
+from .support.workload import task_status
 
 pytestmark = pytest.mark.real
 
@@ -24,14 +25,6 @@ RUNTIMES = {
                                     str(bin_dir / "torpor-runc")],
     "shim-name": lambda bin_dir: ["--runtime", "io.containerd.torpor.v2"],
 }
-
-
-def task_status(node: Node, name: str) -> str:
-    for line in node.ctr("tasks", "ls").stdout.splitlines()[1:]:
-        fields = line.split()
-        if fields and fields[0] == name:
-            return fields[-1]
-    return "NONE"
 
 
 def record_path(node: Node, state_dir: Path, name: str) -> Path:

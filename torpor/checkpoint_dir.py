@@ -17,8 +17,8 @@ import json
 import os
 from typing import Any
 
+from torpor.atomicfile import write_atomic
 from torpor.errors import RestoreError
-from torpor.shim.spec import write_atomic
 
 FORMAT = "torpor.checkpoint.v1"
 METADATA = "checkpoint.json"

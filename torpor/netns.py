@@ -174,7 +174,7 @@ def restore_plan(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_restore_plan(path: str, plan: dict[str, Any]) -> None:
-    from torpor.shim.spec import write_atomic
+    from torpor.atomicfile import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     write_atomic(path, json.dumps(plan).encode(), mode=0o600)

@@ -16,7 +16,7 @@ import os
 import time
 
 from torpor import fastjson
-from torpor.shim.spec import write_atomic
+from torpor.atomicfile import write_atomic
 
 TYPE_CHECKING = False  # torpor-hook runs on every container start: no typing, json or shutil
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def build_record(state: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
 def write_record(directory: str, record: dict[str, Any]) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     path = os.path.join(directory, "container.json")
-    write_atomic(path, fastjson.dumps(record).encode(), mode=0o600)
+    write_atomic(path, fastjson.dumps(record).encode(), mode=0o600, durable=False)  # /run
     return path
 
 

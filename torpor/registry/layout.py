@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from torpor.atomicfile import write_atomic
 from torpor.errors import ImageError
 from torpor.registry import mediatypes
 from torpor.registry.descriptors import Descriptor
@@ -128,15 +128,4 @@ def _same_entry(entry: object, digest: str, name: str | None) -> bool:
 
 def write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
     """Write `data` to a temporary file beside `path` (0600), fsync it if `durable`, rename it."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    temporary = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_atomic(str(path), data, mode=FILE_MODE, durable=durable)

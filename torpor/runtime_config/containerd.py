@@ -25,8 +25,8 @@ from typing import Any
 import tomlkit
 from tomlkit.items import Table
 
+from torpor.atomicfile import write_atomic
 from torpor.errors import ConfigError
-from torpor.shim.spec import write_atomic
 
 RUNTIME_NAME = "torpor"
 SHIM_RUNTIME = "io.containerd.torpor.v2"

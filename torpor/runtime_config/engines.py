@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from torpor.shim.spec import write_atomic
+from torpor.atomicfile import write_atomic
 
 PODMAN_DROPIN = "/etc/containers/containers.conf.d/torpor.conf"
 CRIO_DROPIN = "/etc/crio/crio.conf.d/10-torpor.conf"

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from torpor.shim.spec import write_atomic
+from torpor.atomicfile import write_atomic
 
 STATE_DIR = "torpor"
 STATE = "state.json"

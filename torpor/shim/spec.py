@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from torpor import fastjson
+from torpor.atomicfile import write_atomic
 from torpor.errors import SpecError
 
 TYPE_CHECKING = False
@@ -36,30 +37,6 @@ def load(bundle: str) -> Spec:
     if not isinstance(spec, dict):
         raise SpecError(f"{path} is not a JSON object")
     return spec
-
-
-def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
-    """Write `data` to `path` so that readers see the old or the new file, never a mix."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if mode is None:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.torpor-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.rename(tmp, path)
 
 
 def flush(bundle: str, spec: Spec) -> None:
