@@ -64,7 +64,7 @@ def main() -> int:
                     compressed, raw = result["compressed_bytes"], du(ck)
                     print(f"round {i}: torpor to registry {elapsed_t:.2f}s (checkpoint "
                           f"{result['timings']['checkpoint_s']:.2f}s, build "
-                          f"{result['timings']['build_s']:.2f}s, push "
+                          f"{result['timings']['build_s']:.2f}s, manifests "
                           f"{result['timings']['push_s']:.2f}s), runc checkpoint "
                           f"{elapsed_r:.2f}s", flush=True)
                 shutil.rmtree(ck, ignore_errors=True)

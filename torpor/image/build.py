@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,11 +58,19 @@ def _json_blob(layout: Layout, document: dict[str, Any], media_type: str,
                                                       "digest": digest, "size": len(data)})
 
 
+def _move_in(layout: Layout, written: layer_io.WrittenLayer) -> Path:
+    """Move a finished layer from staging to its blob path (once; later calls find it there)."""
+    path = layout.blob_path(written.digest)
+    if written.path != str(path):
+        layout.blob_dir(written.digest)
+        os.replace(written.path, path)
+        written.path = str(path)
+    return path
+
+
 def _adopt(layout: Layout, written: layer_io.WrittenLayer, media_type: str,
            annotations: dict[str, str]) -> Descriptor:
-    path = layout.blob_path(written.digest)
-    layout.blob_dir(written.digest)
-    os.replace(written.path, path)
+    _move_in(layout, written)
     raw: dict[str, Any] = {"mediaType": media_type, "digest": written.digest, "size": written.size}
     if annotations:
         raw["annotations"] = annotations
@@ -89,9 +98,23 @@ def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) 
     os.replace(partial, path)
 
 
+BlobSink = Callable[[Path, Descriptor], None]
+
+
 def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | None = None,
-          level: int = 1, workers: int = 0, progress: Progress | None = None) -> BuiltImage:
+          level: int = 1, workers: int = 0, progress: Progress | None = None,
+          on_blob: BlobSink | None = None) -> BuiltImage:
+    """Build the image into `layout_dir`; `on_blob(path, descriptor)` hears of each new layer
+    as soon as it is written (from a worker thread), to upload it early."""
     started = time.monotonic()
+    moving = threading.Lock()
+
+    def early(layer: layer_io.WrittenLayer, media_type: str) -> None:
+        with moving:
+            path = _move_in(layout, layer)
+        if on_blob is not None:
+            on_blob(path, Descriptor(media_type, layer.digest, layer.size))
+
     metadata = checkpoint_dir.load(directory)
     base = metadata.get("image")
     if not base:
@@ -116,8 +139,10 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         jobs += [(mt.VOLUMES_LAYER, g) for g in
                  layer_io.group(layer_io.pieces_of(directory, volumes, PIECE), target)]
         jobs.append((mt.STATE_LAYER, layer_io.pieces_of(directory, state, PIECE)))
-        written = layer_io.write_layers([g for _, g in jobs], str(staging), level, workers,
-                                        progress)
+        kinds = {id(g): kind for kind, g in jobs}
+        written = layer_io.write_layers(
+            [g for _, g in jobs], str(staging), level, workers, progress,
+            on_done=lambda layer: early(layer, kinds[id(layer.pieces)]))
         parts = sum(1 for kind, _ in jobs if kind == mt.CRIU_LAYER)
         state_layers = []
         for i, ((kind, _), layer) in enumerate(zip(jobs, written, strict=True)):
@@ -127,6 +152,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         diff = os.path.join(directory, checkpoint_dir.ROOTFS_DIFF)
         diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
                                              progress) if os.path.exists(diff) else None)
+        if diff_layer is not None:
+            early(diff_layer, mt.OCI_LAYER_ZSTD)
 
         container = metadata["container"]
         config_desc = _json_blob(layout, metadata, mt.CHECKPOINT_CONFIG)

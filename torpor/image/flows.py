@@ -22,7 +22,13 @@ from torpor.errors import ImageError
 from torpor.image import build as image_build
 from torpor.image import unpack
 from torpor.image.store import Store
-from torpor.registry import RegistryOptions, fetch_metadata, parse_reference, push_layout
+from torpor.registry import (
+    EarlyBlobs,
+    RegistryOptions,
+    fetch_metadata,
+    parse_reference,
+    push_layout,
+)
 from torpor.registry.descriptors import Descriptor
 from torpor.restorer import RestoreOptions, restore
 from torpor.shim.containerd.client import Client
@@ -69,23 +75,34 @@ def checkpoint_image(client: Client, container_id: str, cfg: Config, options: Ch
     """Checkpoint, build the image (in the store under `ref`, or at `layout_dir`), push it."""
     store = Store(cfg.image_store)
     started = time.monotonic()
+    options_for_push = registry_options(cfg, ref, flags) if push and ref else None
     with store.scratch() as scratch:
         directory = str(scratch / "checkpoint")
         metadata = checkpoint(client, container_id, directory, options, cfg, progress)
         checkpoint_s = time.monotonic() - started
         target = layout_dir or str(store.prepare(ref or ""))
-        progress("compressing layers (zstd, in parallel)")
-        built = image_build.build(client, directory, target, ref_name=_tag_of(ref),
-                                  level=cfg.image_zstd_level)
+        t = time.monotonic()
+        if options_for_push is not None and ref:
+            # each layer goes up as soon as it is compressed, while the next ones compress
+            progress(f"compressing layers (zstd, in parallel) and pushing them to {ref}")
+            mount = _mount_from(metadata, ref)
+            with EarlyBlobs(ref, options_for_push, mount) as early:
+                built = image_build.build(client, directory, target, ref_name=_tag_of(ref),
+                                          level=cfg.image_zstd_level, on_blob=early.submit)
+        else:
+            progress("compressing layers (zstd, in parallel)")
+            built = image_build.build(client, directory, target, ref_name=_tag_of(ref),
+                                      level=cfg.image_zstd_level)
+        build_s = time.monotonic() - t
     result: dict[str, Any] = {
         "container": container_id, "ref": ref, "layout": str(built.layout),
         "digest": built.index.digest, "raw_bytes": built.raw_bytes,
         "compressed_bytes": built.compressed_bytes, "sizes": metadata["sizes"],
-        "timings": {"checkpoint_s": checkpoint_s, "build_s": built.seconds}}
-    if push and ref:
-        progress(f"pushing {ref}")
+        "timings": {"checkpoint_s": checkpoint_s, "build_s": build_s}}
+    if options_for_push is not None and ref:
+        progress(f"pushing the manifests of {ref}")
         t = time.monotonic()
-        pushed = push_layout(built.layout, ref, options=registry_options(cfg, ref, flags),
+        pushed = push_layout(built.layout, ref, options=options_for_push,
                              mount_from=_mount_from(metadata, ref))
         result["timings"]["push_s"] = time.monotonic() - t
         result["pushed"] = {"reference": str(pushed.reference), "uploaded": pushed.uploaded,

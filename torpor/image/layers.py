@@ -150,8 +150,10 @@ def write_layer(pieces: list[Piece], out_path: str, level: int = 1,
 
 
 def write_layers(groups: list[list[Piece]], out_dir: str, level: int = 1, workers: int = 0,
-                 progress: Progress | None = None) -> list[WrittenLayer]:
-    """Each group as a layer under `out_dir`, compressed in parallel; in the groups' order."""
+                 progress: Progress | None = None,
+                 on_done: Callable[[WrittenLayer], None] | None = None) -> list[WrittenLayer]:
+    """Each group as a layer under `out_dir`, compressed in parallel; in the groups' order.
+    `on_done(layer)` is called (from a worker thread) as each layer is finished."""
     workers = workers or max(1, min(len(groups), os.cpu_count() or 1))
     lock = threading.Lock()
 
@@ -161,8 +163,13 @@ def write_layers(groups: list[list[Piece]], out_dir: str, level: int = 1, worker
                 progress(n)
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torpor-zstd") as pool:
-        futures = [pool.submit(write_layer, g, os.path.join(out_dir, f"layer-{i}.tar.zst"), level,
-                               report) for i, g in enumerate(groups)]
+        def one(i: int, group: list[Piece]) -> WrittenLayer:
+            layer = write_layer(group, os.path.join(out_dir, f"layer-{i}.tar.zst"), level, report)
+            if on_done is not None:
+                on_done(layer)
+            return layer
+
+        futures = [pool.submit(one, i, g) for i, g in enumerate(groups)]
         return [f.result() for f in futures]
 
 

@@ -3,6 +3,7 @@
 Public API (everything else in this package is internal)::
 
     push_layout(layout_dir, ref, *, options=None, mount_from=(), progress=None) -> PushResult
+    EarlyBlobs(ref, options, mount_from)   # upload blobs while an image is still being built
     pull(ref, layout_dir, *, want=None, options=None, progress=None) -> PullResult
     fetch_metadata(ref, options=None) -> PullPlan      # phase 1 of a pull: metadata only
     PullPlan.download(layout_dir, layers=None, progress=None) -> PullResult
@@ -20,10 +21,11 @@ client, blob_upload, blob_download, layout, push, pull. See docs/registry.md.
 from torpor.registry.options import RegistryOptions
 from torpor.registry.progress import ProgressCallback
 from torpor.registry.pull import Layer, PulledManifest, PullPlan, PullResult, fetch_metadata, pull
-from torpor.registry.push import PushResult, push_layout
+from torpor.registry.push import EarlyBlobs, PushResult, push_layout
 from torpor.registry.reference import Reference, parse_reference
 
 __all__ = [
+    "EarlyBlobs",
     "Layer",
     "ProgressCallback",
     "PullPlan",

@@ -14,7 +14,7 @@ Unknown media types are opaque blobs, never refused.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,3 +150,46 @@ def _push_blobs(repo: RepositoryClient, layout: Layout, blobs: dict[str, Descrip
             if (error := future.exception()) is not None:
                 raise error
     return {digest: future.result() for future, digest in futures.items()}
+
+
+class EarlyBlobs:
+    """Blobs uploaded while the image is still being built (`push_layout` then finds them
+    present and sends only the manifests): a checkpoint's layers go up as each finishes
+    compressing, instead of after the last one.
+
+        with EarlyBlobs(ref, options) as early:
+            early.submit(path, descriptor)     # from any thread
+        push_layout(layout, ref, options=options)
+    """
+
+    def __init__(self, reference: Reference | str, options: RegistryOptions | None = None,
+                 mount_from: Sequence[str] = ()) -> None:
+        self.options = options or RegistryOptions()
+        ref = parse_reference(reference) if isinstance(reference, str) else reference
+        self._session = RegistrySession.for_reference(ref, self.options)
+        self._repo = RepositoryClient(self._session, ref.repository)
+        self._mount_from = list(mount_from)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.parallel),
+                                        thread_name_prefix="torpor-early-push")
+        self._futures: list[Future[Outcome]] = []
+        self.bytes = 0
+
+    def submit(self, path: Path, blob: Descriptor) -> None:
+        self.bytes += blob.size
+        self._futures.append(self._pool.submit(push_blob, self._repo, Path(path), blob,
+                                               self._mount_from, lambda offset: None))
+
+    def __enter__(self) -> EarlyBlobs:
+        return self
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        try:
+            if error is None:
+                for future in self._futures:
+                    future.result()  # raises the first upload error
+            else:
+                for future in self._futures:
+                    future.cancel()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._session.close()
