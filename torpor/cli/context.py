@@ -23,13 +23,39 @@ class Globals:
 
         return Client(self.address, self.namespace)
 
-    def progress(self, quiet: bool = False) -> Any:
+    def progress(self, quiet: bool = False) -> StepReporter:
         """A step reporter on stderr: `[ 1.2s] checkpointing the task ...`."""
-        def report(step: str) -> None:
-            if not quiet:
-                elapsed = time.monotonic() - self.started
-                click.echo(f"[{elapsed:5.1f}s] {step}", err=True)
-        return report
+        return StepReporter(self.started, quiet)
+
+
+class StepReporter:
+    """Steps as lines on stderr; on a terminal, byte transfers as one line updated in place."""
+
+    def __init__(self, started: float, quiet: bool) -> None:
+        self.started, self.quiet = started, quiet
+        self.tty = sys.stderr.isatty() and not quiet
+
+    def __call__(self, step: str) -> None:
+        if not self.quiet:
+            click.echo(f"[{time.monotonic() - self.started:5.1f}s] {step}", err=True)
+
+    def transfer(self, label: str) -> Any:
+        """A (done, total) callback drawing `label 120.0 MiB / 1.0 GiB  11%`, or None."""
+        if not self.tty:
+            return None
+        last = [0.0]
+
+        def draw(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done < total and now - last[0] < 0.1:
+                return
+            last[0] = now
+            percent = 100 * done // total if total else 100
+            end = "\n" if done >= total else ""
+            sys.stderr.write(f"\r        {label} {human_size(done)} / {human_size(total)} "
+                             f"{percent:3d}%{end}")
+            sys.stderr.flush()
+        return draw
 
 
 def emit_json(data: Any) -> None:

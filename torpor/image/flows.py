@@ -36,6 +36,12 @@ from torpor.shim.containerd.client import Client
 Progress = Callable[[str], None]
 
 
+def _transfer(progress: Progress, label: str) -> Any:
+    """A byte-progress callback when the step reporter draws them (a terminal), else None."""
+    make = getattr(progress, "transfer", None)
+    return make(label) if make is not None else None
+
+
 @dataclass
 class RegistryFlags:
     username: str | None = None
@@ -149,7 +155,8 @@ def push(client: Client | None, source: str, ref: str, cfg: Config, flags: Regis
         else:
             layout = source if kind == "layout" else str(store.layout(source))
         progress(f"pushing {ref}")
-        pushed = push_layout(layout, ref, options=registry_options(cfg, ref, flags))
+        pushed = push_layout(layout, ref, options=registry_options(cfg, ref, flags),
+                             progress=_transfer(progress, "uploaded"))
     return {"reference": str(pushed.reference), "digest": pushed.digest,
             "uploaded": pushed.uploaded, "mounted": pushed.mounted, "existing": pushed.existing,
             "bytes_uploaded": pushed.bytes_uploaded}
@@ -162,7 +169,7 @@ def pull(ref: str, cfg: Config, flags: RegistryFlags, out: str | None,
         image = _image_of_plan(plan)
         layout = out or str(store.prepare(ref))
         progress(f"downloading {len(plan.layers)} layers")
-        result = plan.download(layout)
+        result = plan.download(layout, progress=_transfer(progress, "downloaded"))
     return {"reference": str(result.reference), "layout": layout,
             "container": image.metadata["container"]["id"], "downloaded": result.downloaded,
             "bytes_downloaded": result.bytes_downloaded}
@@ -201,7 +208,7 @@ def restore_any(client: Client, source: str, options: RestoreOptions, cfg: Confi
             layout = str(store.prepare(source))
             progress(f"downloading {len(plan.layers)} layers")
             t = time.monotonic()
-            plan.download(layout)
+            plan.download(layout, progress=_transfer(progress, "downloaded"))
             timings["pull_s"] = time.monotonic() - t
     else:
         if kind == "store":
