@@ -157,6 +157,8 @@ def test_ctr_checkpoint_carries_torpor_state(node: Node, tmp_path: Path,
         # 127.0.0.1 with the value set before the checkpoint, and the volume file is back
         assert kv_ask(node, "ctr-kv", "GET k") == "v1"
         assert (volume / "v").read_text() == "kept\n"
+        # containerd's extracted copy of the checkpoint (memory, in plain files) is gone
+        assert not list((node.root / "xdg").glob("ctrd-checkpoint*"))
         node.ctr("images", "rm", "localhost/ckpt/ctr-kv:1")
 
 

@@ -69,12 +69,15 @@ class Node:
         env["TORPOR_CONFIG"] = str(self.torpor_config)
         env["CONTAINERD_ADDRESS"] = self.address
         env["CONTAINERD_NAMESPACE"] = self.namespace
+        # containerd extracts restored checkpoints into temporary directories it never removes
+        env["XDG_RUNTIME_DIR"] = str(self.root / "xdg")
         env.pop("TORPOR_RUNC_LOWLEVEL", None)
         env.update(self.extra_env)
         return env
 
     def start(self) -> Node:
         self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "xdg").mkdir(mode=0o700, exist_ok=True)
         disabled = [p for p in NON_CRI_DISABLED if not (self.cri and p.endswith(".cri"))]
         self.config_path.write_text(CONFIG.format(
             root=self.root, disabled=", ".join(f'"{p}"' for p in disabled)))
@@ -128,6 +131,7 @@ class Node:
         time.sleep(0.1)
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(f"/run/containerd/runc/{self.namespace}", ignore_errors=True)
 
 
 def unmount_under(root: Path) -> None:

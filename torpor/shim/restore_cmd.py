@@ -149,7 +149,25 @@ def run(ctx: Context) -> int:
             session.resume_after_restore(ctx.cfg, state["gpu"], Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
     _unlink(plan_path)
+    drop_containerd_copy(image_path)
     return 0
+
+
+def drop_containerd_copy(image_path: str) -> None:
+    """containerd (1.6, 1.7) extracts a checkpoint it restores into a temporary directory and
+    never removes it: the workload's memory, in plain files, left in /tmp. Once CRIU has
+    restored from it, nobody reads it again; torpor removes it. Only that directory: one that
+    containerd made (its name and place), never a checkpoint a user pointed at."""
+    import shutil
+    import tempfile
+
+    path = os.path.abspath(image_path)
+    parent, name = os.path.split(path)
+    made_by_containerd = name.startswith(("ctrd-checkpoint", "ctd-checkpoint")) and parent in {
+        os.path.abspath(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()),
+        os.path.abspath(tempfile.gettempdir())}
+    if made_by_containerd:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _read_pid(pid_file: str | None) -> int:
