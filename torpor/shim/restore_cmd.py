@@ -27,7 +27,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from torpor import archive, netns, volumes
-from torpor.errors import RestoreError, TorporError
+from torpor.errors import RestoreError
 from torpor.freezer import Cgroup
 from torpor.oci_hooks import records
 from torpor.shim import criu_log, image_dir, lowlevel, modifiers, runc, spec
@@ -191,5 +191,3 @@ def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
 
-
-__all__ = ["TorporError", "run"]
