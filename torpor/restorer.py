@@ -23,7 +23,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,23 +89,18 @@ def rewrite_spec(spec: dict[str, Any], old_id: str, new_id: str, namespace: str,
     return spec
 
 
-def _file_chunks(path: str, size: int = 1 << 20) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(size):
-            yield chunk
-
-
 def _sha256_file(path: str) -> str:
     digest = hashlib.sha256()
-    for chunk in _file_chunks(path):
-        digest.update(chunk)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
     return "sha256:" + digest.hexdigest()
 
 
 def apply_rootfs_diff(client: Client, path: str, mounts: list[types_pb2.Mount]) -> None:
     size = os.path.getsize(path)
     digest = _sha256_file(path)
-    client.write_content(f"torpor-rootfs-{digest}", _file_chunks(path), size, digest)
+    client.write_file(f"torpor-rootfs-{digest}", path, size, digest)
     client.apply_diff(types_pb2.Descriptor(media_type=LAYER_TAR, digest=digest, size=size), mounts)
 
 

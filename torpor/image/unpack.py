@@ -157,31 +157,23 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
         raise
 
 
-def _file_chunks(path: str) -> Any:
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            yield chunk
-
-
 def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
                     name: str) -> dict[str, Any]:
     """Put the runnable image into containerd's content store and name it `name`."""
     layout = Layout(Path(layout_dir))
     blobs = image.runnable_blobs
-    for blob in blobs:
-        if client.has_content(blob.digest):
-            continue
-        path = layout.blob_path(blob.digest)
-        if not path.is_file():
-            raise ImageError(f"blob {blob.digest} is missing from {layout_dir}")
-        client.write_content(f"torpor-{blob.digest}", _file_chunks(str(path)), blob.size,
-                             blob.digest)
+    for blob in blobs:  # already in containerd: not read at all
+        try:
+            client.write_file(f"torpor-{blob.digest}", str(layout.blob_path(blob.digest)),
+                              blob.size, blob.digest)
+        except FileNotFoundError:
+            raise ImageError(f"blob {blob.digest} is missing from {layout_dir}") from None
     manifest_path = layout.blob_path(image.runnable.digest)
     labels = {"containerd.io/gc.ref.content.config": blobs[0].digest}
     labels.update({f"containerd.io/gc.ref.content.l.{i}": b.digest
                    for i, b in enumerate(blobs[1:])})
-    client.write_content(f"torpor-{image.runnable.digest}", _file_chunks(str(manifest_path)),
-                         image.runnable.size, image.runnable.digest, labels=labels)
+    client.write_file(f"torpor-{image.runnable.digest}", str(manifest_path),
+                      image.runnable.size, image.runnable.digest, labels=labels)
     target = types_pb2.Descriptor(media_type=mt.OCI_MANIFEST, digest=image.runnable.digest,
                                   size=image.runnable.size)
     record = images_pb2.Image(name=name, target=target,

@@ -335,6 +335,16 @@ class Client:
             raise translate(e, f"write content {expected}", self.address) from None
         return digest or expected
 
+    def write_file(self, ref: str, path: str, size: int, digest: str,
+                   labels: dict[str, str] | None = None) -> str:
+        """Stream the file at `path` into the content store (read only if not there already)."""
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(WRITE_CHUNK):
+                    yield chunk
+
+        return self.write_content(ref, chunks(), size, digest, labels)
+
     def label_content(self, digest: str, labels: dict[str, str]) -> None:
         from google.protobuf import field_mask_pb2
 
