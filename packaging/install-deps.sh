@@ -80,11 +80,13 @@ pick_mirror() {
     return 1
 }
 
-fetch_criu_tarball() {
+fetch_criu_tarball() (
+    # A subshell: its EXIT trap removes the temporary apt state however it ends, and nothing of
+    # it outlives the function (a RETURN trap would, and fire later with $tmp unset).
     local dest=$1 mirror tmp uri name
     mirror=$(pick_mirror) || die "no Debian mirror found in /etc/apt/sources.list*; add one and rerun"
     tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' RETURN
+    trap 'rm -rf "$tmp"' EXIT
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
     echo "deb-src $mirror sid main" >"$tmp/sid.list"
     local opts=(-o "Dir::Etc::SourceList=$tmp/sid.list" -o "Dir::Etc::SourceParts=/dev/null"
@@ -104,7 +106,7 @@ fetch_criu_tarball() {
     log "downloading $uri"
     /usr/lib/apt/apt-helper download-file "$uri" "$dest" "SHA256:$CRIU_SHA256" >/dev/null \
         || die "download of $uri failed or its sha256 is not $CRIU_SHA256"
-}
+)
 
 install_criu() {
     local have

@@ -41,7 +41,14 @@ def check_criu(pre: Preflight, criu: str, env: dict[str, str]) -> None:
         pre.problems.append(f"CRIU does not start ({criu}): {text[-300:]}")
         return
     code, text = _run([criu, "check"], env)
-    pre.facts["criu_check"] = text.splitlines()[-1] if text else f"exit {code}"
+    # CRIU's warnings (e.g. "Can't keep kdat cache on non-tempfs") come in any order around its
+    # verdict: the verdict is the last line that is not one, the warnings are kept beside it
+    lines = text.splitlines()
+    warnings = [line for line in lines if line.startswith("Warn")]
+    verdicts = [line for line in lines if not line.startswith("Warn")]
+    pre.facts["criu_check"] = verdicts[-1] if verdicts else f"exit {code}"
+    if warnings:
+        pre.facts["criu_check_warnings"] = warnings
     if code != 0:
         pre.problems.append(f"`criu check` fails on this kernel: {text[-300:]}")
 
