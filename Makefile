@@ -45,7 +45,7 @@ install: deps
 
 # Regenerate the containerd API stubs from torpor's own .proto files.
 protos:
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. torpor/shim/containerd/api/*.proto
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. torpor/containerd/api/*.proto
 
 clean:
 	rm -rf $(BUILD) .mypy_cache .ruff_cache .pytest_cache

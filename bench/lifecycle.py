@@ -26,9 +26,9 @@ import time
 
 from bench.harness import IMAGE, world
 from tests.support.containerd import Node
-from torpor import containerd_image
-from torpor.shim.containerd.api import containers_pb2, tasks_pb2
-from torpor.shim.containerd.client import Client, runc_options
+from torpor.containerd import images as containerd_image
+from torpor.containerd.api import containers_pb2, tasks_pb2
+from torpor.containerd.client import Client, runc_options
 
 RUNTIME_CALLS_PER_ROUND = 5
 
@@ -56,7 +56,7 @@ def one_round(client: Client, spec: dict, chain_id: str, name: str, binary: str 
 
 
 def client_spec(spec: dict):  # type: ignore[no-untyped-def]
-    from torpor.shim.containerd.client import SPEC_TYPE_URL, pack_any
+    from torpor.containerd.client import SPEC_TYPE_URL, pack_any
 
     return pack_any(SPEC_TYPE_URL, json.dumps(spec).encode())
 

@@ -8,8 +8,8 @@ import time
 import grpc
 import pytest
 
+from torpor.containerd.client import Client, translate
 from torpor.errors import AlreadyExists, ContainerdError, NotFound
-from torpor.shim.containerd.client import Client, translate
 
 from .support.containerd import Node
 from .support.workload import remove

@@ -11,6 +11,7 @@
     │   └── CriuError                         CRIU's own reason, with the log it came from
     ├── RestoreError                 exit 1   a restore step failed (nothing is left behind)
     ├── NetworkError                 exit 1   capturing or applying network configuration
+    ├── FormatError                  exit 1   a file torpor reads is malformed or of an unknown version
     ├── ImageError                   exit 1   a checkpoint image or layout is malformed
     │   ├── DigestMismatch                    a blob is not what its descriptor says
     │   └── UnsafeArchive                     an archive entry would escape its target
@@ -88,6 +89,10 @@ class RestoreError(TorporError):
 
 
 class NetworkError(TorporError):
+    pass
+
+
+class FormatError(TorporError):
     pass
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from torpor import check, config
+from torpor import config
 from torpor.errors import GpuError
 from torpor.gpu import cuda, inventory
+from torpor.node import check
 
 from ..gpu_fakes import A100, DRIVER_570, H200, FakeLibs, FakeNode, gpu
 from .conftest import Worker

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from torpor import config
+from torpor.capture.freezer import Cgroup
 from torpor.errors import GpuError, IncompatibleNode
-from torpor.freezer import Cgroup
 from torpor.gpu import cuda, session
 from torpor.gpu.cuda import ProcessState
 

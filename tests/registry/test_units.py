@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from torpor.errors import AuthError, ConfigError, ImageError, RegistryError
+from torpor.formats.digests import split_digest
 from torpor.registry import RegistryOptions, parse_reference
 from torpor.registry.auth import merge_scopes, parse_challenges
 from torpor.registry.credentials import Credentials, find_credentials
-from torpor.registry.digests import split_digest
 from torpor.registry.http_errors import FOREIGN, TransientError, from_network, from_response
 from torpor.registry.layout import Layout
 from torpor.registry.transport import Transport

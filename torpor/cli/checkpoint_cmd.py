@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from torpor import config
-from torpor.checkpointer import CheckpointOptions, checkpoint
 from torpor.cli.context import Globals, emit_json, human_size
 from torpor.cli.registry_flags import flags_from, registry_options
+from torpor.ops.checkpoint import CheckpointOptions, checkpoint
 
 
 def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
@@ -65,7 +65,7 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     cfg = config.load()
     progress = g.progress(quiet=as_json)
     if ref or oci:
-        from torpor.image.flows import checkpoint_image
+        from torpor.ops.images import checkpoint_image
 
         with g.client() as client:
             result = checkpoint_image(client, container, cfg, options, ref=ref,

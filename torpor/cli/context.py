@@ -19,7 +19,7 @@ class Globals:
     started: float = field(default_factory=time.monotonic)
 
     def client(self) -> Any:
-        from torpor.shim.containerd.client import Client
+        from torpor.containerd.client import Client
 
         return Client(self.address, self.namespace)
 

@@ -7,7 +7,7 @@ import click
 from torpor import config
 from torpor.cli.context import Globals, emit_json, human_size, table
 from torpor.cli.registry_flags import flags_from, registry_options
-from torpor.image import flows
+from torpor.ops import images as flows
 
 
 @click.command("push")

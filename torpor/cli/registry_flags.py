@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from torpor.image.flows import RegistryFlags
+from torpor.ops.images import RegistryFlags
 
 F = Callable[..., Any]
 

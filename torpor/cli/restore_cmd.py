@@ -7,7 +7,7 @@ import click
 from torpor import config
 from torpor.cli.context import Globals, emit_json
 from torpor.cli.registry_flags import flags_from, registry_options
-from torpor.restorer import RestoreOptions
+from torpor.ops.restore import RestoreOptions
 
 
 def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
@@ -43,7 +43,7 @@ def restore_command(g: Globals, source: str, name: str | None, netns: str | None
                     password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Restore a container from a checkpoint: a directory, an OCI layout, a local image or an
     image in a registry (this node is checked before any layer is downloaded)."""
-    from torpor.image.flows import restore_any
+    from torpor.ops.images import restore_any
 
     options = RestoreOptions(name=name, netns=netns, add_addresses=add_addresses,
                              volumes=parse_volume_map(volumes), log_uri=log_uri,

@@ -21,9 +21,9 @@ import ctypes
 from collections.abc import Collection
 from typing import Any
 
-from torpor.check import Requirement
 from torpor.errors import GpuError
 from torpor.gpu.cuda import format_version
+from torpor.node.check import Requirement
 
 API_MIN_DRIVER = 570  # the public cuCheckpointProcess* API
 REMAP_MIN_DRIVER = 580  # GPU UUID pairs on restore

@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
+from torpor.capture.freezer import Cgroup
 from torpor.config import Config
 from torpor.errors import CudaError, GpuError, IncompatibleNode, RestoreError
-from torpor.freezer import Cgroup
 from torpor.gpu import compat, cuda, inventory
 from torpor.gpu.criu_plugin import installed_cuda_plugin
 from torpor.gpu.cuda import CudaDriver, ProcessState

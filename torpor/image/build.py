@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torpor import checkpoint_dir, containerd_image
+from torpor.containerd import images as containerd_image
+from torpor.containerd.client import Client
 from torpor.errors import ImageError
+from torpor.formats import mediatypes as mt
+from torpor.image import directory as checkpoint_dir
 from torpor.image import layers as layer_io
-from torpor.image import mediatypes as mt
 from torpor.registry.descriptors import Descriptor
 from torpor.registry.layout import Layout
-from torpor.shim.containerd.client import Client
 
 PIECE = 64 << 20          # a big file is split into pieces of this size
 MIN_PART = 64 << 20       # and pieces are grouped into parts of at least this size

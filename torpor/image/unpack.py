@@ -17,14 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torpor import checkpoint_dir, containerd_image
+from torpor.containerd import images as containerd_image
+from torpor.containerd.api import images_pb2, types_pb2
+from torpor.containerd.client import Client
 from torpor.errors import AlreadyExists, ImageError, RestoreError
+from torpor.formats import mediatypes as mt
+from torpor.image import directory as checkpoint_dir
 from torpor.image import extract
-from torpor.image import mediatypes as mt
 from torpor.registry.descriptors import Descriptor
 from torpor.registry.layout import Layout
-from torpor.shim.containerd.api import images_pb2, types_pb2
-from torpor.shim.containerd.client import Client
 
 MANIFEST_LIMIT = 4 << 20
 CONFIG_LIMIT = 16 << 20

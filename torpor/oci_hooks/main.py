@@ -15,7 +15,7 @@ import os
 import sys
 
 from torpor import fastjson
-from torpor.oci_hooks import records
+from torpor.capture import records
 
 TYPE_CHECKING = False  # runs on every container start and stop: no typing, json, shutil
 if TYPE_CHECKING:

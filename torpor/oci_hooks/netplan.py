@@ -61,7 +61,7 @@ def apply(plan_path: str, pid: int) -> None:
         with open(plan_path, "rb") as f:
             plan = fastjson.loads(f.read())
         if plan.get("addresses") or plan.get("routes") or set(plan.get("up", [])) - {"lo"}:
-            from torpor.netns import apply_restore_plan
+            from torpor.capture.netns import apply_restore_plan
 
             apply_restore_plan(plan, pid)
             return

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urljoin
 
 from torpor.errors import RegistryError
+from torpor.formats.digests import sha256_digest, verify_bytes
 from torpor.registry import mediatypes
-from torpor.registry.digests import sha256_digest, verify_bytes
 from torpor.registry.response import Response
 from torpor.registry.session import FileBody, RegistrySession
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torpor.errors import ImageError
+from torpor.formats.digests import split_digest
 from torpor.registry import mediatypes
-from torpor.registry.digests import split_digest
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 from torpor.atomicfile import write_atomic
 from torpor.errors import ImageError
+from torpor.formats.digests import new_hasher, split_digest, verify_bytes
 from torpor.registry import mediatypes
 from torpor.registry.descriptors import Descriptor
-from torpor.registry.digests import new_hasher, split_digest, verify_bytes
 
 REF_NAME = "org.opencontainers.image.ref.name"
 FILE_MODE = 0o600

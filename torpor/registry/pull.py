@@ -24,11 +24,11 @@ from types import TracebackType
 from typing import Any
 
 from torpor.errors import ImageError
+from torpor.formats.digests import verify_bytes
 from torpor.registry import mediatypes
 from torpor.registry.blob_download import download_blob
 from torpor.registry.client import RepositoryClient
 from torpor.registry.descriptors import Descriptor, ManifestContents, manifest_contents
-from torpor.registry.digests import verify_bytes
 from torpor.registry.layout import Layout
 from torpor.registry.options import RegistryOptions
 from torpor.registry.progress import ProgressCallback, TransferProgress

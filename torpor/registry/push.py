@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torpor.errors import ImageError, RegistryError
+from torpor.formats.digests import sha256_digest
 from torpor.registry import mediatypes
 from torpor.registry.blob_upload import Outcome, push_blob
 from torpor.registry.client import RepositoryClient
 from torpor.registry.descriptors import Descriptor, ManifestContents, manifest_contents
-from torpor.registry.digests import sha256_digest
 from torpor.registry.layout import REF_NAME, Layout
 from torpor.registry.options import RegistryOptions
 from torpor.registry.progress import ProgressCallback, TransferProgress

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from torpor import netns, rootfs, volumes
-from torpor.oci_hooks import records
+from torpor.capture import netns, records, rootfs, volumes
 from torpor.shim import image_dir
 from torpor.shim.argv import Invocation
 

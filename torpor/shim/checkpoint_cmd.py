@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torpor
+from torpor.capture import records
+from torpor.capture.freezer import Cgroup
 from torpor.errors import CriuError
-from torpor.freezer import Cgroup
-from torpor.oci_hooks import records
 from torpor.shim import capture, criu_log, image_dir, interrupt, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.guardian import Guardian

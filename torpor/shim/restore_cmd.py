@@ -26,10 +26,10 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from torpor import archive, netns, volumes
+from torpor import archive
+from torpor.capture import netns, records, volumes
+from torpor.capture.freezer import Cgroup
 from torpor.errors import RestoreError
-from torpor.freezer import Cgroup
-from torpor.oci_hooks import records
 from torpor.shim import criu_log, image_dir, lowlevel, modifiers, runc, spec
 from torpor.shim.capture import CRIU_FLAGS
 from torpor.shim.create_cmd import spec_modifiers

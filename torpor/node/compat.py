@@ -1,0 +1,64 @@
+"""Can this node restore a checkpoint? Every mismatch, in words, before any large download.
+
+Compared with what the checkpoint recorded of its node: architecture, kernel, CPU features
+(every feature the checkpoint's node had, as CRIU's cpuinfo check does), CRIU and runc versions
+(the same or newer), cgroup version, and GPUs (count, model, driver, free memory, persistence,
+MIG) when the checkpoint holds GPU state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torpor.config import Config
+from torpor.errors import IncompatibleNode
+from torpor.node import facts as node
+
+# CPU flags that say how the kernel runs, not what the CPU can do: they may differ freely.
+VOLATILE_CPU_FLAGS = {"hypervisor", "tsc_known_freq", "nonstop_tsc", "constant_tsc",
+                      "tsc_reliable", "rep_good", "nopl", "xtopology", "cpuid", "tsc_adjust"}
+
+
+def _older(have: str, need: str, parts: int = 2) -> bool:
+    have_v, need_v = node.parse_version(have), node.parse_version(need)
+    return bool(have_v and need_v) and have_v[:parts] < need_v[:parts]
+
+
+def mismatches(recorded: dict[str, Any], here: node.NodeFacts) -> list[str]:
+    found = []
+    if recorded.get("architecture") and recorded["architecture"] != here.architecture:
+        found.append(f"architecture: the checkpoint is {recorded['architecture']}, this node is "
+                     f"{here.architecture}")
+    if recorded.get("kernel") and _older(here.kernel, recorded["kernel"]):
+        found.append(f"kernel: this node runs {here.kernel}, older than the checkpoint's "
+                     f"{recorded['kernel']}")
+    missing = sorted(set(recorded.get("cpu_flags") or []) - set(here.cpu_flags)
+                     - VOLATILE_CPU_FLAGS)
+    if missing:
+        shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12
+                                           else "")
+        found.append(f"CPU features: this node lacks {shown}")
+    for tool, have in (("criu", here.criu_version), ("runc", here.runc_version)):
+        need = recorded.get(f"{tool}_version")
+        if need and need != "unknown" and (have == "unknown" or _older(have, need, 3)):
+            found.append(f"{tool}: this node has {have}, the checkpoint needs {need} or newer")
+    if recorded.get("cgroup_version") and recorded["cgroup_version"] != here.cgroup_version:
+        found.append(f"cgroups: the checkpoint is from cgroup v{recorded['cgroup_version']}, this "
+                     f"node runs v{here.cgroup_version}")
+    return found
+
+
+def check(metadata: dict[str, Any], cfg: Config, here: node.NodeFacts | None = None) -> None:
+    """Raise IncompatibleNode listing every reason this node cannot restore `metadata`."""
+    here = here or node.gather(runc=node.which(cfg.runtime_path) if "/" not in cfg.runtime_path
+                               else cfg.runtime_path)
+    found = mismatches(metadata.get("node") or {}, here)
+    gpu = (metadata.get("state") or {}).get("gpu")
+    if gpu:
+        from torpor.gpu import compat as gpu_compat
+        from torpor.gpu import inventory
+
+        current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
+        found += gpu_compat.mismatches(gpu.get("inventory"), current)
+    if found:
+        raise IncompatibleNode(found)
