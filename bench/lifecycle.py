@@ -28,7 +28,9 @@ from bench.harness import IMAGE, world
 from tests.support.containerd import Node
 from torpor.containerd import images as containerd_image
 from torpor.containerd.api import containers_pb2, tasks_pb2
-from torpor.containerd.client import Client, runc_options
+from torpor.containerd.client import Client
+from torpor.containerd.runtime import RUNC_SHIM, SPEC_TYPE_URL, pack_any, runc_options
+from torpor.formats.metadata import RuntimeInfo
 
 RUNTIME_CALLS_PER_ROUND = 5
 
@@ -36,7 +38,7 @@ RUNTIME_CALLS_PER_ROUND = 5
 def one_round(client: Client, spec: dict, chain_id: str, name: str, binary: str | None) -> float:
     spec = json.loads(json.dumps(spec))
     spec["linux"]["cgroupsPath"] = f"/{client.namespace}/{name}"
-    options = runc_options(binary_name=binary) if binary else None
+    options = runc_options(RuntimeInfo(RUNC_SHIM, binary_name=binary)) if binary else None
     start = time.perf_counter()
     with client.lease():  # as ctr does: nothing unreferenced is collected in between
         mounts = client.prepare_snapshot("overlayfs", name, chain_id)
@@ -56,7 +58,6 @@ def one_round(client: Client, spec: dict, chain_id: str, name: str, binary: str 
 
 
 def client_spec(spec: dict):  # type: ignore[no-untyped-def]
-    from torpor.containerd.client import SPEC_TYPE_URL, pack_any
 
     return pack_any(SPEC_TYPE_URL, json.dumps(spec).encode())
 

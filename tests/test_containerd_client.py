@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
-
 import grpc
 import pytest
 
@@ -12,7 +9,6 @@ from torpor.containerd.client import Client, translate
 from torpor.errors import AlreadyExists, ContainerdError, NotFound
 
 from .support.containerd import Node
-from .support.workload import remove
 
 
 class FakeRpcError(grpc.RpcError):
@@ -46,27 +42,11 @@ def test_unreachable_containerd_is_explained(tmp_path: object) -> None:
 
 
 @pytest.mark.real
-def test_version_errors_and_events(node: Node, test_image: dict[str, object]) -> None:
+def test_version_errors_and_leases(node: Node) -> None:
     with Client(node.address, node.namespace) as client:
         assert client.version().version.startswith(("1.6", "1.7", "v1.6", "v1.7", "2."))
         with pytest.raises(NotFound, match="container no-such-container"):
             client.get_container("no-such-container")
-        seen: list[str] = []
-
-        def listen() -> None:
-            for envelope in client.events('topic~="/tasks/"', timeout=20):
-                seen.append(envelope.topic)
-                if envelope.topic == "/tasks/exit":
-                    return
-
-        listener = threading.Thread(target=listen)
-        listener.start()
-        time.sleep(0.3)
-        node.ctr("run", "--rm", "--runtime", "io.containerd.torpor.v2", str(test_image["name"]),
-                 "evented", "true")
-        listener.join(30)
-        remove(node, "evented")
-        assert "/tasks/create" in seen and "/tasks/start" in seen and "/tasks/exit" in seen
         with client.lease() as lease_id:
             assert lease_id.startswith("torpor-")
             assert ("containerd-lease", lease_id) in client.metadata()

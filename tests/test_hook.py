@@ -1,4 +1,5 @@
-"""torpor-hook records a container at createRuntime, removes it at poststop, shrugs at the rest."""
+"""torpor-hook: applies a restore's network plan at createRuntime, removes the container's record
+directory at poststop, shrugs at the rest."""
 
 from __future__ import annotations
 
@@ -9,35 +10,30 @@ from pathlib import Path
 
 
 def hook(torpor_bin: Path, state_dir: Path, name: str,
-         state: dict | None) -> subprocess.CompletedProcess[str]:
+         state: dict | None) -> subprocess.CompletedProcess[str]:  # type: ignore[type-arg]
     data = json.dumps(state) if state is not None else ""
     return subprocess.run([torpor_bin / "torpor-hook", "--state-dir", str(state_dir), name],
                           input=data, capture_output=True, text=True)
 
 
-def test_create_and_poststop(tmp_path: Path, torpor_bin: Path) -> None:
+def test_create_runtime_applies_the_plan_and_poststop_cleans_up(tmp_path: Path,
+                                                                torpor_bin: Path) -> None:
     bundle = tmp_path / "io.containerd.runtime.v2.task" / "ns1" / "c1"
     bundle.mkdir(parents=True)
-    (bundle / "config.json").write_text(json.dumps({
-        "mounts": [{"destination": "/data", "source": "/srv/data", "type": "bind"},
-                   {"destination": "/dev/nvidia0", "source": "/dev/nvidia0", "type": "bind"}],
-        "linux": {"namespaces": [{"type": "network"}, {"type": "pid"}],
-                  "devices": [{"path": "/dev/nvidiactl", "type": "c"}]},
-    }))
+    (bundle / "config.json").write_text(json.dumps({"linux": {"namespaces": [{"type": "network"}]}}))
     state = {"ociVersion": "1.0.2", "id": "c1", "pid": os.getpid(), "bundle": str(bundle),
-             "status": "creating", "annotations": {"a": "b"}}
+             "status": "creating"}
+    record = tmp_path / "state" / "containers" / "ns1" / "c1"
+    assert hook(torpor_bin, tmp_path / "state", "createRuntime", state).returncode == 0
+    assert not record.exists()  # an ordinary create writes nothing
+    record.mkdir(parents=True)
+    plan = record / "restore-net.json"  # what torpor-runc restore leaves: lo up (it is, here)
+    plan.write_text(json.dumps({"up": ["lo"], "addresses": [], "routes": []}))
     result = hook(torpor_bin, tmp_path / "state", "createRuntime", state)
     assert result.returncode == 0, result.stderr
-    record_file = tmp_path / "state" / "containers" / "ns1" / "c1" / "container.json"
-    record = json.loads(record_file.read_text())
-    assert record["pid"] == os.getpid()
-    assert record["netns"] == {"path": f"/proc/{os.getpid()}/ns/net",
-                               "inode": os.stat(f"/proc/{os.getpid()}/ns/net").st_ino,
-                               "created_by_runtime": True}
-    assert record["gpu_devices"] == ["/dev/nvidia0", "/dev/nvidiactl"]
-    assert record["annotations"] == {"a": "b"}
+    assert not plan.exists()  # applied once, then gone
     assert hook(torpor_bin, tmp_path / "state", "poststop", state).returncode == 0
-    assert not record_file.parent.exists()
+    assert not record.exists() and not record.parent.exists()
 
 
 def test_unknown_hook_warns_and_succeeds(tmp_path: Path, torpor_bin: Path) -> None:

@@ -65,23 +65,23 @@ def check_gpu(pre: Preflight, args: Any, need: int) -> None:
                             "be loaded (this is a GPU bench)")
         return
     version = driver.driver_version()
-    pre.facts["driver"] = inv["driver_version"]
+    pre.facts["driver"] = inv.driver_version
     pre.facts["cuda_driver_version"] = version
     if version < API_MIN_CUDA:
-        pre.problems.append(f"driver {inv['driver_version']} has no CUDA checkpoint API (570+)")
-    gpus = inv["gpus"]
+        pre.problems.append(f"driver {inv.driver_version} has no CUDA checkpoint API (570+)")
+    gpus = inv.gpus
     if args.gpu >= len(gpus):
         pre.problems.append(f"there is no GPU {args.gpu} (NVML sees {len(gpus)})")
         return
     g = gpus[args.gpu]
-    pre.facts["gpu"] = {k: g[k] for k in ("index", "uuid", "name", "memory_total", "memory_free",
-                                          "persistence_mode", "mig_mode")}
-    if g["memory_free"] < need + GIB:
-        pre.problems.append(f"GPU {args.gpu} has {inventory.gib(g['memory_free'])} free; the "
+    pre.facts["gpu"] = {k: getattr(g, k) for k in ("index", "uuid", "name", "memory_total",
+                                                   "memory_free", "persistence_mode", "mig_mode")}
+    if g.memory_free < need + GIB:
+        pre.problems.append(f"GPU {args.gpu} has {inventory.gib(g.memory_free)} free; the "
                             f"bench needs {inventory.gib(need)} plus 1 GiB")
-    if g["mig_mode"] == "on":
+    if g.mig_mode == "on":
         pre.problems.append(f"GPU {args.gpu} has MIG enabled: CUDA checkpoints do not support it")
-    if not g["persistence_mode"]:
+    if not g.persistence_mode:
         pre.notes.append(f"GPU {args.gpu} has persistence mode off: the bench calls cuInit before "
                          "restoring (torpor itself requires `nvidia-smi -pm 1`)")
 

@@ -134,7 +134,7 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
     env = dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(args.gpu))
     if args.device == "fake":  # the fake driver's CUDA process (tests on CPU machines)
         env.update(FAKE_CUDA_TOKEN=f"gpu-bench-{os.getpid()}", FAKE_CUDA_MEM=str(nbytes),
-                   FAKE_CUDA_STATE="R0" + inv["gpus"][args.gpu]["uuid"])
+                   FAKE_CUDA_STATE="R0" + inv.gpus[args.gpu].uuid)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.images, ignore_errors=True)
@@ -144,8 +144,8 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
     try:
         workload.ready(args.timeout)
         before = workload.verify(args.timeout)
-        held = inventory.gather(args.nvml_library, args.cuda_library, [pid])["processes"]
-        gpu_bytes = sum(p["used_memory"] for p in held) or nbytes
+        held = inventory.gather(args.nvml_library, args.cuda_library, [pid]).processes
+        gpu_bytes = sum(p.used_memory for p in held) or nbytes
         steps_at_checkpoint = workload.steps()
 
         t: dict[str, float] = {"lock": timed(driver.lock, pid, args.lock_timeout_ms),
@@ -156,7 +156,7 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
         workload.proc.wait(60)  # CRIU ended it; reaped, its pid is free for the restore
         image_bytes = tree_bytes(args.images)
 
-        if not inv["gpus"][args.gpu]["persistence_mode"]:
+        if not inv.gpus[args.gpu].persistence_mode:
             driver.initialize()  # a restore needs persistence mode or cuInit
         pidfile = Path(args.images) / "restored.pid"
         t["criu_restore"] = criu(args, criu_env, "restore", "-D", args.images, "-o",

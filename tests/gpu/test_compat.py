@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from typing import Any
 
 import pytest
 
 from torpor.errors import IncompatibleNode
+from torpor.formats.fields import Fields
+from torpor.formats.gpu import GpuInventory
 from torpor.gpu import compat
 
 GIB = 1 << 30
@@ -22,9 +24,10 @@ def h200(index: int, uuid: str, free: int = 140 * GIB, **extra: Any) -> dict[str
 
 
 def node(*gpus: dict[str, Any], driver: str = "580.65.06", cuda: int = 13000,
-         processes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"driver_version": driver, "cuda_driver_version": cuda, "checkpoint_api": True,
-            "gpus": list(gpus), "processes": processes or []}
+         processes: list[dict[str, Any]] | None = None) -> GpuInventory:
+    return GpuInventory.from_json(Fields(
+        {"driver_version": driver, "cuda_driver_version": cuda, "checkpoint_api": True,
+         "gpus": list(gpus), "processes": processes or []}, "inventory"))
 
 
 RECORDED = node(h200(0, A), h200(1, B), processes=[
@@ -83,7 +86,7 @@ def test_pairs_cover_every_recorded_gpu_even_one_without_processes() -> None:
      ["the checkpoint holds GPU state, but this node has no NVIDIA driver (NVML cannot be "
       "loaded): restore on a node with NVIDIA GPUs"]),
 ])
-def test_each_mismatch_is_named(here: dict[str, Any] | None, expected: list[str]) -> None:
+def test_each_mismatch_is_named(here: GpuInventory | None, expected: list[str]) -> None:
     assert compat.mismatches(RECORDED, here) == expected
 
 
@@ -101,8 +104,7 @@ def test_every_mismatch_is_listed_at_once() -> None:
 
 
 def test_driver_570_restores_only_onto_the_same_gpus() -> None:
-    recorded = copy.deepcopy(RECORDED)
-    recorded.update(driver_version="570.86.10", cuda_driver_version=12080)
+    recorded = dataclasses.replace(RECORDED, driver_version="570.86.10", cuda_driver_version=12080)
     same = node(h200(0, A), h200(1, B), driver="570.86.10", cuda=12080)
     assert compat.mismatches(recorded, same) == []
     assert compat.uuid_pairs(recorded, same) is None

@@ -10,8 +10,11 @@ import pytest
 
 from torpor import config
 from torpor.errors import GpuError
+from torpor.formats.fields import Fields
+from torpor.formats.flat import to_flat
+from torpor.formats.gpu import GpuInventory
 from torpor.gpu import cuda, inventory
-from torpor.node import check
+from torpor.ops import check
 
 from ..gpu_fakes import A100, DRIVER_570, H200, FakeLibs, FakeNode, gpu
 from .conftest import Worker
@@ -19,7 +22,7 @@ from .conftest import Worker
 GIB = 1 << 30
 
 
-def gather(libs: FakeLibs, pids: tuple[int, ...] = ()) -> dict[str, object]:
+def gather(libs: FakeLibs, pids: tuple[int, ...] = ()) -> GpuInventory:
     return inventory.gather(str(libs.nvml), str(libs.cuda), pids)
 
 
@@ -30,27 +33,27 @@ def test_inventory_of_the_node_and_the_containers_processes(
     ours = cuda_process("inv-ours", gpu_index=0, memory=5 * GIB)
     other = cuda_process("inv-other", gpu_index=1, memory=3 * GIB)
     inv = gather(fake_libs, (ours.pid,))
-    assert json.loads(json.dumps(inv)) == inv
-    assert (inv["driver_version"], inv["cuda_driver_version"], inv["checkpoint_api"]) == (
+    assert GpuInventory.from_json(Fields(json.loads(json.dumps(inv.to_json())), "x")) == inv
+    assert (inv.driver_version, inv.cuda_driver_version, inv.checkpoint_api) == (
         "580.65.06", 13000, True)
-    h200, a100 = inv["gpus"]  # type: ignore[misc]
-    assert h200 == {
+    h200, a100 = inv.gpus
+    assert to_flat(h200) == {
         "index": 0, "uuid": fake_node.gpus[0]["uuid"], "name": "NVIDIA H200",
         "architecture": "Hopper", "compute_capability": "9.0",
         "memory_total": H200["memory_total"], "memory_used": 7 * GIB,
         "memory_free": H200["memory_total"] - 7 * GIB, "pci_bus_id": "00000000:19:00.0",
         "minor_number": 0, "mig_mode": "off", "persistence_mode": True}
-    assert (a100["architecture"], a100["compute_capability"], a100["mig_mode"],
-            a100["persistence_mode"], a100["memory_used"]) == ("Ampere", "8.0", "unsupported",
-                                                               False, 3 * GIB)
-    assert inv["processes"] == [{"pid": ours.pid, "gpu_uuid": h200["uuid"],
-                                 "used_memory": 5 * GIB}]
-    assert other.pid not in [p["pid"] for p in inv["processes"]]  # type: ignore[attr-defined]
+    assert (a100.architecture, a100.compute_capability, a100.mig_mode,
+            a100.persistence_mode, a100.memory_used) == ("Ampere", "8.0", "unsupported",
+                                                         False, 3 * GIB)
+    assert [to_flat(p) for p in inv.processes] == [{"pid": ours.pid, "gpu_uuid": h200.uuid,
+                                                    "used_memory": 5 * GIB}]
+    assert other.pid not in [p.pid for p in inv.processes]
     driver.lock(ours.pid, 1000)
     driver.checkpoint(ours.pid)  # a checkpointed process has given its GPU memory back
     after = gather(fake_libs, (ours.pid,))
-    assert after["processes"] == []
-    assert after["gpus"][0]["memory_used"] == 2 * GIB  # type: ignore[index]
+    assert after.processes == ()
+    assert after.gpus[0].memory_used == 2 * GIB
     driver.restore(ours.pid)
     driver.unlock(ours.pid)
 
@@ -83,7 +86,7 @@ def test_nvml_errors_become_gpu_errors(fake_libs: FakeLibs, fake_node: FakeNode)
 def test_the_configured_library_is_the_one_used(fake_libs: FakeLibs, fake_node: FakeNode,
                                                 tmp_path: Path) -> None:
     """pynvml keeps one library per process: switching paths must really switch."""
-    assert gather(fake_libs)["driver_version"] == "580.65.06"
+    assert gather(fake_libs).driver_version == "580.65.06"
     copy = tmp_path / "other" / "libnvidia-ml.so.1"
     copy.parent.mkdir()
     shutil.copy(fake_libs.nvml, copy)
@@ -92,7 +95,7 @@ def test_the_configured_library_is_the_one_used(fake_libs: FakeLibs, fake_node: 
 
     assert pynvml.nvmlLib._name == str(copy)
     assert inventory.gather_or_none(str(tmp_path / "none.so"), str(fake_libs.cuda)) is None
-    assert gather(fake_libs)["gpus"]
+    assert gather(fake_libs).gpus
     assert pynvml.nvmlLib._name == str(fake_libs.nvml)
 
 

@@ -11,6 +11,7 @@ import pytest
 from torpor import config
 from torpor.capture.freezer import Cgroup
 from torpor.errors import GpuError, IncompatibleNode
+from torpor.formats.gpu import CudaProcess, GpuState
 from torpor.gpu import cuda, session
 from torpor.gpu.cuda import ProcessState
 
@@ -58,8 +59,9 @@ def test_a_paused_container_is_thawed_for_the_driver_and_frozen_again(
         state = session.suspend_for_checkpoint(cfg, cgroup, undo, log, leave_running=True)
         assert cgroup.is_frozen()
         assert state is not None
-        assert [p["pid"] for p in state["processes"]] == [p.pid for p in procs]
-        assert [p["used_memory"] for p in state["inventory"]["processes"]] == [2 * GIB, 3 * GIB]
+        assert [p.pid for p in state.processes] == [p.pid for p in procs]
+        assert state.inventory is not None
+        assert [p.used_memory for p in state.inventory.processes] == [2 * GIB, 3 * GIB]
         assert all(driver.state(p.pid) == ProcessState.CHECKPOINTED for p in procs)
     assert cgroup.is_frozen()
     assert all(driver.state(p.pid) == ProcessState.RUNNING for p in procs)
@@ -93,7 +95,7 @@ def test_criu_cuda_plugin_is_refused_before_any_lock(
     assert not fake_node.calls("lock")
     assert driver.state(proc.pid) == ProcessState.RUNNING
     with pytest.raises(GpuError, match="CRIU's cuda plugin is installed"):
-        session.check_before_restore(cfg, {"processes": [], "inventory": None})
+        session.check_before_restore(cfg, GpuState(13000, (), None))
 
 
 def test_a_process_that_would_not_fit_stays_checkpointed(
@@ -121,5 +123,5 @@ def test_a_process_that_would_not_fit_stays_checkpointed(
 def test_no_driver_here_refuses_gpu_state(cfg: config.Config, tmp_path: Path) -> None:
     missing = config.Config({"gpu": {"cuda_library": str(tmp_path / "none.so")}})
     with pytest.raises(IncompatibleNode, match="this node has no CUDA driver"):
-        session.check_before_restore(missing, {"processes": [{"pid": 1, "ns_pid": 1}]})
+        session.check_before_restore(missing, GpuState(13000, (CudaProcess(1, 1),), None))
     session.check_before_restore(cfg, None)  # no GPU state: nothing to check

@@ -6,10 +6,13 @@ volumes, /dev/shm) match the memory CRIU dumps; CRIU keeps a frozen cgroup froze
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 from torpor.errors import CheckpointError
+from torpor.reporting import Log
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -83,3 +86,34 @@ class Cgroup:
             self._write("freezer.state", "THAWED")
         else:
             self._write("cgroup.freeze", "0")
+
+
+@contextlib.contextmanager
+def frozen(cgroup: Cgroup, log: Log) -> Iterator[bool]:
+    """Freeze for the block unless already frozen (containerd paused it); yields whether we
+    froze it. Thawed at the end, unless the cgroup is gone (a checkpoint stopped it)."""
+    if cgroup.is_frozen():
+        yield False
+        return
+    cgroup.freeze()
+    try:
+        yield True
+    finally:
+        if os.path.isdir(cgroup.path):
+            try:
+                cgroup.thaw()
+            except OSError as e:
+                log.warning(f"could not thaw {cgroup.path}: {e}")
+
+
+@contextlib.contextmanager
+def thawed(cgroup: Cgroup | None) -> Iterator[None]:
+    """Thaw for the block if frozen (the CUDA driver's threads must run), then freeze again."""
+    was_frozen = cgroup is not None and os.path.isdir(cgroup.path) and cgroup.is_frozen()
+    if was_frozen and cgroup is not None:
+        cgroup.thaw()
+    try:
+        yield
+    finally:
+        if was_frozen and cgroup is not None and os.path.isdir(cgroup.path):
+            cgroup.freeze()

@@ -12,12 +12,23 @@ pyroute2's errors become NetworkError here.
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 from torpor.errors import NetworkError
+from torpor.formats.network import (
+    Address,
+    Link,
+    Neighbour,
+    NetnsSnapshot,
+    NetworkState,
+    RestorePlan,
+    Route,
+    Rule,
+    SocketAddress,
+)
 
 FAMILIES = {socket.AF_INET: "inet", socket.AF_INET6: "inet6"}
 TCP_STATES = {"01": "established", "02": "syn-sent", "03": "syn-recv", "04": "fin-wait1",
@@ -34,61 +45,53 @@ def _ipr(netns: str) -> Any:
         raise NetworkError(f"cannot enter network namespace {netns}: {e.strerror or e}") from None
 
 
-def _links(ipr: Any) -> tuple[list[dict[str, Any]], dict[int, str]]:
+def _links(ipr: Any) -> tuple[list[Link], dict[int, str]]:
     links, names = [], {}
     for msg in ipr.get_links():
         index, name = msg["index"], msg.get("ifname")
         names[index] = name
-        links.append({
-            "index": index,
-            "ifname": name,
-            "kind": msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or (
+        links.append(Link(
+            index=index, ifname=name,
+            kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or (
                 "loopback" if name == "lo" else None),
-            "address": msg.get("address"),
-            "mtu": msg.get("mtu"),
-            "state": msg.get("state"),
-            "flags": msg["flags"],
-        })
+            address=msg.get("address"), mtu=msg.get("mtu"), state=msg.get("state"),
+            flags=msg["flags"]))
     return links, names
 
 
-def snapshot(netns: str) -> dict[str, Any]:
+def snapshot(netns: str) -> NetnsSnapshot:
     """Links, addresses, routes, rules and neighbours of the namespace at `netns`."""
     try:
         with _ipr(netns) as ipr:
             links, names = _links(ipr)
-            addresses = [{
-                "ifname": names.get(a["index"]),
-                "family": FAMILIES.get(a["family"], str(a["family"])),
-                "address": a.get("address"),
-                "prefixlen": a["prefixlen"],
-                "scope": a["scope"],
-            } for a in ipr.get_addr()]
+            addresses = [Address(
+                ifname=names.get(a["index"]), family=FAMILIES.get(a["family"], str(a["family"])),
+                address=a.get("address"), prefixlen=a["prefixlen"], scope=a["scope"],
+            ) for a in ipr.get_addr()]
             routes = []
             for family in (socket.AF_INET, socket.AF_INET6):
                 for r in ipr.get_routes(family=family):
                     table = r.get("table") or r["table"]
                     if table == 255:  # the kernel's local table follows the addresses
                         continue
-                    routes.append({
-                        "family": FAMILIES[family], "dst": r.get("dst"), "dst_len": r["dst_len"],
-                        "gateway": r.get("gateway"), "oif": names.get(r.get("oif") or 0),
-                        "prefsrc": r.get("prefsrc"), "table": table, "scope": r["scope"],
-                        "proto": r["proto"], "type": r["type"], "priority": r.get("priority"),
-                    })
-            rules = [{"family": FAMILIES.get(r["family"]), "table": r.get("table"),
-                      "priority": r.get("priority"), "action": r["action"]}
+                    routes.append(Route(
+                        family=FAMILIES[family], dst=r.get("dst"), dst_len=r["dst_len"],
+                        gateway=r.get("gateway"), oif=names.get(r.get("oif") or 0),
+                        prefsrc=r.get("prefsrc"), table=table, scope=r["scope"],
+                        proto=r["proto"], type=r["type"], priority=r.get("priority")))
+            rules = [Rule(family=FAMILIES.get(r["family"]), table=r.get("table"),
+                          priority=r.get("priority"), action=r["action"])
                      for family in (socket.AF_INET, socket.AF_INET6)
                      for r in ipr.get_rules(family=family)]
-            neighbours = [{"ifname": names.get(n["ifindex"]), "dst": n.get("dst"),
-                           "lladdr": n.get("lladdr"), "state": n["state"]}
+            neighbours = [Neighbour(ifname=names.get(n["ifindex"]), dst=n.get("dst"),
+                                    lladdr=n.get("lladdr"), state=n["state"])
                           for n in ipr.get_neighbours()]
     except NetworkError:
         raise
     except Exception as e:
         raise NetworkError(f"cannot read network namespace {netns}: {e}") from None
-    return {"links": links, "addresses": addresses, "routes": routes, "rules": rules,
-            "neighbours": neighbours}
+    return NetnsSnapshot(tuple(links), tuple(addresses), tuple(routes), tuple(rules),
+                         tuple(neighbours))
 
 
 def _hex_address(text: str) -> str:
@@ -100,7 +103,7 @@ def _hex_address(text: str) -> str:
     return str(address.ipv4_mapped or address)
 
 
-def socket_addresses(pid: int) -> list[dict[str, Any]]:
+def socket_addresses(pid: int) -> tuple[SocketAddress, ...]:
     """TCP and UDP sockets in pid's network namespace: local address, port and state."""
     sockets = []
     for proto in ("tcp", "tcp6", "udp", "udp6"):
@@ -113,17 +116,17 @@ def socket_addresses(pid: int) -> list[dict[str, Any]]:
             fields = line.split()
             local, state = fields[1], fields[3]
             host, port = local.split(":")
-            sockets.append({"proto": proto.rstrip("6"), "address": _hex_address(host),
-                            "port": int(port, 16),
-                            "state": TCP_STATES.get(state, state) if proto.startswith("tcp") else "udp"})
-    return sockets
+            sockets.append(SocketAddress(
+                proto=proto.rstrip("6"), address=_hex_address(host), port=int(port, 16),
+                state=TCP_STATES.get(state, state) if proto.startswith("tcp") else "udp"))
+    return tuple(sockets)
 
 
-def needed_addresses(sockets: list[dict[str, Any]]) -> list[str]:
+def needed_addresses(sockets: Sequence[SocketAddress]) -> list[str]:
     """The specific local addresses sockets are bound to (wildcards need none)."""
     wanted = set()
     for s in sockets:
-        address = ipaddress.ip_address(s["address"])
+        address = ipaddress.ip_address(s.address)
         if not address.is_unspecified and not address.is_loopback:
             wanted.add(str(address))
     return sorted(wanted)
@@ -144,18 +147,18 @@ def missing_addresses(netns: str, needed: list[str]) -> list[str]:
     return [a for a in needed if a not in present]
 
 
-def add_addresses(netns: str, wanted: list[str], recorded: dict[str, Any]) -> None:
+def add_addresses(netns: str, wanted: list[str], recorded: NetnsSnapshot) -> None:
     """Add `wanted` addresses, with their recorded prefixes, on the links they had (by name),
     or on lo."""
-    by_address = {a["address"]: a for a in recorded.get("addresses", [])}
+    by_address = {a.address: a for a in recorded.addresses}
     try:
         with _ipr(netns) as ipr:
             indexes = {link.get("ifname"): link["index"] for link in ipr.get_links()}
             for address in wanted:
-                entry = by_address.get(address, {})
+                entry = by_address.get(address)
                 # the recorded prefix brings its subnet route, so sockets reach their peers
-                index = indexes.get(entry.get("ifname")) or indexes["lo"]
-                prefix = entry.get("prefixlen") or (32 if ":" not in address else 128)
+                index = (indexes.get(entry.ifname) if entry else None) or indexes["lo"]
+                prefix = (entry.prefixlen if entry else 0) or (32 if ":" not in address else 128)
                 ipr.addr("add", index=index, address=address, prefixlen=prefix)
     except Exception as e:
         raise NetworkError(f"cannot add addresses {', '.join(wanted)} in {netns}: {e}") from None
@@ -164,50 +167,74 @@ def add_addresses(netns: str, wanted: list[str], recorded: dict[str, Any]) -> No
 KERNEL_LO_ADDRESSES = {("127.0.0.1", 8), ("::1", 128)}
 
 
-def restore_plan(recorded: dict[str, Any]) -> dict[str, Any]:
+def restore_plan(recorded: NetnsSnapshot, extra: Sequence[str] = ()) -> RestorePlan:
     """What the hook sets up in a namespace CRIU has just created (only lo exists there). The
-    kernel gives lo its usual addresses as it comes up, so only others are listed."""
-    addresses = [a for a in recorded.get("addresses", []) if a.get("ifname") == "lo"
-                 and (a.get("address"), a.get("prefixlen")) not in KERNEL_LO_ADDRESSES]
-    routes = [r for r in recorded.get("routes", []) if r.get("oif") == "lo"]
-    return {"up": ["lo"], "addresses": addresses, "routes": routes}
+    kernel gives lo its usual addresses as it comes up, so only others are listed; `extra`
+    addresses (the sockets need them) go on lo."""
+    addresses = [a for a in recorded.addresses if a.ifname == "lo"
+                 and (a.address, a.prefixlen) not in KERNEL_LO_ADDRESSES]
+    for address in extra:
+        v6 = ":" in address
+        addresses.append(Address(ifname="lo", family="inet6" if v6 else "inet", address=address,
+                                 prefixlen=128 if v6 else 32, scope=0))
+    routes = [r for r in recorded.routes if r.oif == "lo"]
+    return RestorePlan(("lo",), tuple(addresses), tuple(routes))
 
 
-def write_restore_plan(path: str, plan: dict[str, Any]) -> None:
+def write_restore_plan(path: str, plan: RestorePlan) -> None:
+    import json
+
     from torpor.atomicfile import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    write_atomic(path, json.dumps(plan).encode(), mode=0o600)
+    write_atomic(path, json.dumps(plan.to_json()).encode(), mode=0o600)
 
 
-def apply_restore_plan(plan: dict[str, Any], pid: int) -> None:
+def apply_restore_plan(plan: RestorePlan, pid: int) -> None:
     """Run by torpor-hook createRuntime during a restore, in the restored init's namespace,
     for plans beyond bringing lo up (see torpor.oci_hooks.netplan)."""
     netns = f"/proc/{pid}/ns/net"
     try:
         with _ipr(netns) as ipr:
             indexes = {link.get("ifname"): link["index"] for link in ipr.get_links()}
-            for name in plan.get("up", []):
+            for name in plan.up:
                 if name in indexes:
                     ipr.link("set", index=indexes[name], state="up")
-            for a in plan.get("addresses", []):
-                index = indexes.get(a.get("ifname"))
+            for a in plan.addresses:
+                index = indexes.get(a.ifname)
                 if index is None:
                     continue
                 try:
-                    ipr.addr("add", index=index, address=a["address"], prefixlen=a["prefixlen"])
+                    ipr.addr("add", index=index, address=a.address, prefixlen=a.prefixlen)
                 except Exception as e:
                     if "exists" not in str(e).lower():
                         raise
-            for r in plan.get("routes", []):
-                index = indexes.get(r.get("oif"))
-                if index is None or not r.get("dst"):
+            for r in plan.routes:
+                index = indexes.get(r.oif)
+                if index is None or not r.dst:
                     continue
                 try:
-                    ipr.route("add", dst=f"{r['dst']}/{r['dst_len']}", oif=index,
-                              table=r.get("table") or 254, scope=r.get("scope", 0))
+                    ipr.route("add", dst=f"{r.dst}/{r.dst_len}", oif=index,
+                              table=r.table or 254, scope=r.scope)
                 except Exception as e:
                     if "exists" not in str(e).lower():
                         raise
     except Exception as e:
         raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
+
+
+def spec_netns_path(spec: dict[str, Any]) -> str | None:
+    """The network namespace path the spec names (a pod's), or None when runc makes one."""
+    for ns in (spec.get("linux") or {}).get("namespaces") or []:
+        if ns.get("type") == "network":
+            return str(ns.get("path") or "") or None
+    return None
+
+
+def capture(spec: dict[str, Any], pid: int) -> NetworkState:
+    """The container's network: its namespace's configuration and its sockets' addresses."""
+    explicit = spec_netns_path(spec)
+    return NetworkState(netns_path=explicit or f"/proc/{pid}/ns/net",
+                        created_by_runtime=explicit is None,
+                        config=snapshot(f"/proc/{pid}/ns/net"),
+                        sockets=socket_addresses(pid))

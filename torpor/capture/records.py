@@ -1,13 +1,15 @@
-"""Per-container records under the state dir (`/run/torpor` by default).
+"""Per-container record directories under the state dir (`/run/torpor` by default).
 
-    <state_dir>/containers/<namespace>/<id>/container.json   torpor-hook createRuntime writes it
-    <state_dir>/containers/<namespace>/<id>/restore-net.json torpor-runc restore leaves it for the hook
     <state_dir>/containers/<namespace>/<id>/checkpoint-request.json
-        `torpor checkpoint` leaves its options here for torpor-runc, which takes (removes) it:
-        containerd passes runtime options through but no torpor-specific ones
+        `torpor checkpoint` leaves its request here for torpor-runc, which takes (removes) it:
+        containerd passes runc's options through, but no torpor-specific ones
+    <state_dir>/containers/<namespace>/<id>/restore-net.json
+        torpor-runc restore leaves the network plan here for torpor-hook
 
 `<namespace>` is containerd's namespace, read from the bundle path
-(`.../io.containerd.runtime.v2.task/<namespace>/<id>`), or `_` for other engines. Stdlib only.
+(`.../io.containerd.runtime.v2.task/<namespace>/<id>`), or `_` for other engines. torpor-hook
+imports this module on every container start: the standard library only, and the request's
+typed format is imported only where a request is read or written.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ from __future__ import annotations
 import os
 import time
 
-from torpor import fastjson
 from torpor.atomicfile import write_atomic
+from torpor.formats import names
 
 TYPE_CHECKING = False  # torpor-hook runs on every container start: no typing, json or shutil
 if TYPE_CHECKING:
-    from typing import Any
+    from torpor.formats.request import CheckpointRequest
 
-GPU_DEVICE_PREFIXES = ("/dev/nvidia", "/dev/dri/")
+REQUEST_TTL_S = 300
 
 
 def container_key(bundle: str, container_id: str) -> str:
@@ -34,60 +36,14 @@ def container_key(bundle: str, container_id: str) -> str:
 
 
 def record_dir(state_dir: str, bundle: str, container_id: str) -> str:
-    return os.path.join(state_dir, "containers", container_key(bundle, container_id))
+    """The record directory of a container, from its bundle (what the runtime knows)."""
+    return os.path.join(state_dir, names.RECORDS_DIR, container_key(bundle, container_id))
 
 
-def explicit_netns(spec: dict[str, Any]) -> str | None:
-    """The network namespace path the spec names (a pod's), or None when runc makes one."""
-    for ns in spec.get("linux", {}).get("namespaces", []):
-        if ns.get("type") == "network":
-            return str(ns.get("path") or "") or None
-    return None
-
-
-def netns_path_of(spec: dict[str, Any], pid: int) -> str:
-    return explicit_netns(spec) or f"/proc/{pid}/ns/net"
-
-
-def gpu_devices(spec: dict[str, Any]) -> list[str]:
-    paths = [d.get("path", "") for d in spec.get("linux", {}).get("devices", [])]
-    paths += [m.get("destination", "") for m in spec.get("mounts", [])]
-    return sorted({p for p in paths if p.startswith(GPU_DEVICE_PREFIXES)})
-
-
-def build_record(state: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    pid = int(state.get("pid") or 0)
-    netns = netns_path_of(spec, pid)
-    try:
-        netns_inode = os.stat(netns).st_ino
-    except OSError:
-        netns_inode = 0
-    own_netns = explicit_netns(spec) is None
-    return {
-        "id": state.get("id"),
-        "pid": pid,
-        "bundle": state.get("bundle"),
-        "netns": {"path": netns, "inode": netns_inode, "created_by_runtime": own_netns},
-        "mounts": spec.get("mounts", []),
-        "gpu_devices": gpu_devices(spec),
-        "annotations": state.get("annotations") or spec.get("annotations") or {},
-    }
-
-
-def write_record(directory: str, record: dict[str, Any]) -> str:
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, "container.json")
-    write_atomic(path, fastjson.dumps(record).encode(), mode=0o600, durable=False)  # /run
-    return path
-
-
-def read_record(directory: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(directory, "container.json"), "rb") as f:
-            data: dict[str, Any] = fastjson.loads(f.read())
-            return data
-    except (OSError, ValueError):
-        return None
+def containerd_record_dir(state_dir: str, namespace: str, container_id: str) -> str:
+    """The record directory of a containerd container, from its namespace and id (what the
+    CLI knows)."""
+    return os.path.join(state_dir, names.RECORDS_DIR, namespace, container_id)
 
 
 def _remove_tree(path: str) -> None:
@@ -113,46 +69,42 @@ def _remove_tree(path: str) -> None:
 
 
 def remove_record(directory: str) -> None:
+    """Remove a container's record directory, and its namespace's once empty."""
     try:
         _remove_tree(directory)
     except OSError:
         pass
     parent = os.path.dirname(directory)
     try:
-        os.rmdir(parent)  # the namespace directory, once empty
+        os.rmdir(parent)
     except OSError:
         pass
 
 
-CHECKPOINT_REQUEST = "checkpoint-request.json"
-REQUEST_TTL_S = 300
+def write_request(directory: str, request: CheckpointRequest) -> str:
+    from dataclasses import replace
 
-
-def containerd_record_dir(state_dir: str, namespace: str, container_id: str) -> str:
-    """The record directory of a containerd container, from its namespace and id."""
-    return os.path.join(state_dir, "containers", namespace, container_id)
-
-
-def write_request(directory: str, request: dict[str, Any]) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, CHECKPOINT_REQUEST)
-    body = {**request, "expires": time.time() + REQUEST_TTL_S}
-    write_atomic(path, fastjson.dumps(body).encode(), mode=0o600)
+    path = os.path.join(directory, names.CHECKPOINT_REQUEST)
+    write_atomic(path, replace(request, expires=time.time() + REQUEST_TTL_S).dumps(), mode=0o600)
     return path
 
 
-def take_request(directory: str) -> dict[str, Any]:
-    """The pending checkpoint request, removed as it is read; {} when none or expired."""
-    path = os.path.join(directory, CHECKPOINT_REQUEST)
+def take_request(directory: str) -> CheckpointRequest | None:
+    """The pending checkpoint request, removed as it is read; None when none or expired."""
+    from torpor.formats.request import CheckpointRequest
+
+    path = os.path.join(directory, names.CHECKPOINT_REQUEST)
     try:
         with open(path, "rb") as f:
-            request: dict[str, Any] = fastjson.loads(f.read())
-    except (OSError, ValueError):
-        return {}
+            data = f.read()
+    except OSError:
+        return None
     try:
         os.unlink(path)
     except OSError:
         pass
-    if float(request.get("expires", 0)) < time.time():
-        return {}
+    request = CheckpointRequest.loads(data, path)
+    if request.expires < time.time():
+        return None
     return request

@@ -11,31 +11,18 @@ gives containers the pod's) is saved when `dev_shm` is on; an in-container tmpfs
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
 from torpor import archive
 from torpor.errors import CheckpointError, RestoreError
+from torpor.formats import names
+from torpor.formats.files import SavedVolume, VolumePolicy
 
-ANNOTATION = "io.torpor.checkpoint.volumes"
 # Destinations engines fill in themselves; never saved as volumes.
 ENGINE_MANAGED = ("/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/dev/termination-log",
                   "/run/secrets", "/var/run/secrets", "/run/.containerenv")
 SYSTEM_PREFIXES = ("/proc", "/sys", "/dev")
-
-
-@dataclass
-class Volume:
-    index: int
-    destination: str
-    source: str
-    kind: str            # "dir" or "file"
-    read_only: bool
-    archive: str         # path of its tar inside the image dir's torpor/ folder
-    bytes: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def is_bind(mount: dict[str, Any]) -> bool:
@@ -43,23 +30,12 @@ def is_bind(mount: dict[str, Any]) -> bool:
     return mount.get("type") == "bind" or "bind" in options or "rbind" in options
 
 
-def parse_policy(value: str | list[str] | None) -> str | list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return [v.rstrip("/") or "/" for v in value]
-    value = value.strip()
-    if value in ("all", "none"):
-        return value
-    return [v.strip().rstrip("/") or "/" for v in value.split(",") if v.strip()]
-
-
-def select(spec: dict[str, Any], policy: str | list[str],
-           dev_shm: bool) -> tuple[list[Volume], Volume | None]:
+def select(spec: dict[str, Any], policy: VolumePolicy,
+           dev_shm: bool) -> tuple[list[SavedVolume], SavedVolume | None]:
     """The volumes to save under `policy`, and the bind-mounted /dev/shm if it is to be saved."""
-    volumes: list[Volume] = []
-    shm: Volume | None = None
-    named = set(policy) if isinstance(policy, list) else set()
+    volumes: list[SavedVolume] = []
+    shm: SavedVolume | None = None
+    named = set(policy) if isinstance(policy, tuple) else set()
     for mount in spec.get("mounts") or []:
         if not is_bind(mount):
             continue
@@ -73,16 +49,16 @@ def select(spec: dict[str, Any], policy: str | list[str],
             continue  # device nodes and sockets are not data
         if destination == "/dev/shm":
             if dev_shm:
-                shm = Volume(-1, destination, source, kind, read_only, "devshm.tar")
+                shm = SavedVolume(-1, destination, source, kind, read_only, names.DEV_SHM_ARCHIVE)
             continue
         if destination in ENGINE_MANAGED or destination.startswith(SYSTEM_PREFIXES):
             continue
-        wanted = destination in named if isinstance(policy, list) else (
+        wanted = destination in named if isinstance(policy, tuple) else (
             policy == "all" and not read_only)
         if wanted:
             index = len(volumes)
-            volumes.append(Volume(index, destination, source, kind, read_only,
-                                  f"volumes/{index}.tar"))
+            volumes.append(SavedVolume(index, destination, source, kind, read_only,
+                                       f"{names.VOLUMES_DIR}/{index}.tar"))
     missing = named - {v.destination for v in volumes}
     if missing:
         raise CheckpointError(f"no bind-mounted volume at {', '.join(sorted(missing))}",
@@ -90,14 +66,15 @@ def select(spec: dict[str, Any], policy: str | list[str],
     return volumes, shm
 
 
-def save(volume: Volume, state_dir: str) -> None:
+def save(volume: SavedVolume, state_dir: str) -> SavedVolume:
+    """Tar the volume's content into `state_dir`; the volume with its byte count."""
     path = os.path.join(state_dir, volume.archive)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out:
         try:
             if volume.kind == "dir":
-                volume.bytes = archive.write_tree(volume.source, out)
+                size = archive.write_tree(volume.source, out)
             else:
                 name = os.path.basename(volume.source)
                 import tarfile
@@ -106,13 +83,14 @@ def save(volume: Volume, state_dir: str) -> None:
                     st = os.lstat(volume.source)
                     with open(volume.source, "rb") as f:
                         tar.addfile(archive.tarinfo_for(name, st, volume.source), f)
-                    volume.bytes = st.st_size
+                    size = st.st_size
         except OSError as e:
             raise CheckpointError(f"cannot save volume {volume.destination} "
                                   f"({volume.source}): {e}") from None
+    return replace(volume, bytes=size)
 
 
-def restore(volume: Volume, state_dir: str, source: str) -> None:
+def restore(volume: SavedVolume, state_dir: str, source: str) -> None:
     """Put a saved volume's content back at `source` (the restore-time bind source)."""
     path = os.path.join(state_dir, volume.archive)
     if not os.path.exists(path):

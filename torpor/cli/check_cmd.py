@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from torpor.cli.context import emit_json, table
-from torpor.node import check as check_lib
+from torpor.cli.output import emit_json, table
+from torpor.ops import check as check_lib
 
 MARK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 

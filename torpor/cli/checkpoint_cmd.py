@@ -1,16 +1,19 @@
-"""torpor checkpoint CONTAINER -o DIR: processes, memory, GPU, network and files."""
+"""torpor checkpoint CONTAINER (-o DIR | -t REF [--push] | -o DIR --oci)."""
 
 from __future__ import annotations
 
 import click
 
 from torpor import config
-from torpor.cli.context import Globals, emit_json, human_size
-from torpor.cli.registry_flags import flags_from, registry_options
-from torpor.ops.checkpoint import CheckpointOptions, checkpoint
+from torpor.cli.output import Globals, emit_json, human_size
+from torpor.cli.registry_flags import access_from, registry_options
+from torpor.formats.criu import CriuOptions
+from torpor.formats.files import VolumePolicy
+from torpor.formats.request import CheckpointRequest
+from torpor.ops.checkpoint import CheckpointTarget, checkpoint
 
 
-def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
+def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
     items = [v.strip() for value in values for v in value.split(",") if v.strip()]
     if not items:
         return None
@@ -18,7 +21,7 @@ def parse_volumes(values: tuple[str, ...]) -> str | list[str] | None:
         return items[0]
     if "all" in items or "none" in items:
         raise click.BadParameter("'all' and 'none' stand alone", param_hint="--volumes")
-    return items
+    return tuple(v.rstrip("/") or "/" for v in items)
 
 
 @click.command("checkpoint")
@@ -59,42 +62,31 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
         raise click.UsageError("--push needs -t REF")
     if oci and not directory:
         raise click.UsageError("--oci needs -o DIR")
-    options = CheckpointOptions(leave_running=leave_running, tcp_established=tcp_established,
-                                file_locks=file_locks, ext_unix_sk=ext_unix_sk,
-                                shell_job=shell_job, volumes=parse_volumes(volumes))
-    cfg = config.load()
-    progress = g.progress(quiet=as_json)
-    if ref or oci:
-        from torpor.ops.images import checkpoint_image
-
-        with g.client() as client:
-            result = checkpoint_image(client, container, cfg, options, ref=ref,
-                                      layout_dir=directory if oci else None, push=push,
-                                      flags=flags_from(username, password_stdin, ca_file,
-                                                       insecure), progress=progress)
-        if as_json:
-            emit_json(result)
-            return
-        where = f"pushed {result['pushed']['reference']}" if push else (
-            f"image {ref}" if ref else f"OCI layout {directory}")
-        click.echo(f"checkpointed {container}: {where}; {human_size(result['raw_bytes'])} of "
-                   f"state in {human_size(result['compressed_bytes'])} of layers, "
-                   f"{result['timings']['total_s']:.2f}s"
-                   + ("" if leave_running else f" ({container} is stopped)"))
-        return
-    assert directory is not None
+    request = CheckpointRequest(
+        criu=CriuOptions(leave_running=leave_running, tcp_established=tcp_established,
+                         file_locks=file_locks, ext_unix_sk=ext_unix_sk, shell_job=shell_job),
+        volumes=parse_volumes(volumes))
+    target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
+                              registry=access_from(username, password_stdin, ca_file, insecure))
     with g.client() as client:
-        metadata = checkpoint(client, container, directory, options, cfg, progress=progress)
+        result = checkpoint(client, container, request, target, config.load(),
+                            g.progress(quiet=as_json))
     if as_json:
-        emit_json({"directory": directory, "container": container,
-                   "sizes": metadata["sizes"], "timings": metadata["timings"]})
+        emit_json(result.to_json())
         return
-    sizes = metadata["sizes"]
-    click.echo(f"checkpointed {container} into {directory}: memory "
-               f"{human_size(sizes['memory_pages'])}, rootfs changes "
-               f"{human_size(sizes['rootfs_diff'])}, total {human_size(sizes['total'])} in "
-               f"{metadata['timings']['total_s']:.2f}s"
-               + ("" if leave_running else f" ({container} is stopped)"))
+    stopped = f" ({container} is stopped)" if result.stopped else ""
+    if result.directory:
+        sizes = result.sizes
+        click.echo(f"checkpointed {container} into {result.directory}: memory "
+                   f"{human_size(sizes.memory_pages)}, rootfs changes "
+                   f"{human_size(sizes.rootfs_diff)}, total {human_size(sizes.total)} in "
+                   f"{result.timings['total_s']:.2f}s{stopped}")
+        return
+    where = (f"pushed {result.pushed.reference}" if result.pushed else
+             f"image {ref}" if ref else f"OCI layout {directory}")
+    click.echo(f"checkpointed {container}: {where}; {human_size(result.raw_bytes)} of state in "
+               f"{human_size(result.compressed_bytes)} of layers, "
+               f"{result.timings['total_s']:.2f}s{stopped}")
 
 
 COMMANDS = {"checkpoint": checkpoint_command}

@@ -14,17 +14,18 @@ import click
 
 import torpor
 from torpor.cli import check_cmd, runtime_config_cmd
-from torpor.cli.context import Globals
+from torpor.cli.output import Globals
 from torpor.errors import TorporError
 
+# verb -> its module (one per verb), imported only when that verb runs
 LAZY_COMMANDS = {
     "checkpoint": "torpor.cli.checkpoint_cmd",
     "restore": "torpor.cli.restore_cmd",
-    "push": "torpor.cli.image_cmds",
-    "pull": "torpor.cli.image_cmds",
-    "inspect": "torpor.cli.image_cmds",
-    "ls": "torpor.cli.image_cmds",
-    "rm": "torpor.cli.image_cmds",
+    "push": "torpor.cli.push_cmd",
+    "pull": "torpor.cli.pull_cmd",
+    "inspect": "torpor.cli.inspect_cmd",
+    "ls": "torpor.cli.ls_cmd",
+    "rm": "torpor.cli.rm_cmd",
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from torpor.ops.images import RegistryFlags
+from torpor.ops.sources import RegistryAccess
 
 F = Callable[..., Any]
 
@@ -28,9 +28,10 @@ def registry_options(fn: F) -> F:
     return fn
 
 
-def flags_from(username: str | None, password_stdin: bool, ca_file: str | None,
-               insecure: bool) -> RegistryFlags:
+def access_from(username: str | None, password_stdin: bool, ca_file: str | None,
+                insecure: bool) -> RegistryAccess:
     password = os.environ.get("TORPOR_REGISTRY_PASSWORD")
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
-    return RegistryFlags(username=username, password=password, ca_file=ca_file, insecure=insecure)
+    return RegistryAccess(username=username, password=password, ca_file=ca_file,
+                          insecure=insecure)

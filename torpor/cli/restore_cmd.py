@@ -1,13 +1,13 @@
-"""torpor restore DIR [--name NAME]: the container back, with its state."""
+"""torpor restore DIR|REF [--name NAME]: the container back, with its state."""
 
 from __future__ import annotations
 
 import click
 
 from torpor import config
-from torpor.cli.context import Globals, emit_json
-from torpor.cli.registry_flags import flags_from, registry_options
-from torpor.ops.restore import RestoreOptions
+from torpor.cli.output import Globals, emit_json
+from torpor.cli.registry_flags import access_from, registry_options
+from torpor.ops.restore import RestoreOptions, restore
 
 
 def parse_volume_map(values: tuple[str, ...]) -> dict[str, str]:
@@ -43,20 +43,17 @@ def restore_command(g: Globals, source: str, name: str | None, netns: str | None
                     password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Restore a container from a checkpoint: a directory, an OCI layout, a local image or an
     image in a registry (this node is checked before any layer is downloaded)."""
-    from torpor.ops.images import restore_any
-
     options = RestoreOptions(name=name, netns=netns, add_addresses=add_addresses,
                              volumes=parse_volume_map(volumes), log_uri=log_uri,
-                             runtime_binary=runtime_binary)
+                             runtime_binary=runtime_binary,
+                             registry=access_from(username, password_stdin, ca_file, insecure))
     with g.client() as client:
-        result = restore_any(client, source, options, config.load(),
-                             flags_from(username, password_stdin, ca_file, insecure),
-                             progress=g.progress(quiet=as_json))
+        result = restore(client, source, options, config.load(), g.progress(quiet=as_json))
     if as_json:
-        emit_json(result)
+        emit_json(result.to_json())
         return
-    click.echo(f"restored {result['name']} (pid {result['pid']}) in "
-               f"{result['timings']['total_s']:.2f}s; output: {result['log']}")
+    click.echo(f"restored {result.name} (pid {result.pid}) in "
+               f"{result.timings['total_s']:.2f}s; output: {result.log}")
 
 
 COMMANDS = {"restore": restore_command}

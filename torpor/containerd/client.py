@@ -11,17 +11,16 @@ import contextlib
 import secrets
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
-from google.protobuf import any_pb2, empty_pb2
+from google.protobuf import empty_pb2
 from google.protobuf.message import Message
 
 from torpor.containerd.api import (
     containers_pb2,
     content_pb2,
     diff_pb2,
-    events_pb2,
     images_pb2,
     leases_pb2,
     namespaces_pb2,
@@ -33,9 +32,6 @@ from torpor.containerd.api import (
 )
 from torpor.errors import AlreadyExists, ContainerdError, NotFound
 
-SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
-RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
-CHECKPOINT_OPTIONS_TYPE_URL = "containerd.runc.v1.CheckpointOptions"
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 WRITE_CHUNK = 1 << 20          # well under containerd's 16 MiB message limit
 MAX_MESSAGE = 64 << 20
@@ -64,21 +60,6 @@ def translate(error: grpc.RpcError, what: str, address: str) -> ContainerdError:
         return ContainerdError(f"{what}: {details}", hint=hint)
     name = code.name.lower().replace("_", " ")
     return ContainerdError(f"{what}: {details} ({name})", hint=hint)
-
-
-def pack_any(type_url: str, value: bytes) -> any_pb2.Any:
-    return any_pb2.Any(type_url=type_url, value=value)
-
-
-def runc_options(**fields: Any) -> any_pb2.Any:
-    return pack_any(RUNC_OPTIONS_TYPE_URL, runc_options_pb2.Options(**fields).SerializeToString())
-
-
-def decode_runc_options(options: any_pb2.Any) -> runc_options_pb2.Options:
-    message = runc_options_pb2.Options()
-    if options.type_url.endswith("containerd.runc.v1.Options"):
-        message.ParseFromString(options.value)
-    return message
 
 
 class Client:
@@ -156,32 +137,12 @@ class Client:
         except AlreadyExists:
             pass
 
-    def events(self, *filters: str, timeout: float | None = None) -> Iterator[events_pb2.Envelope]:
-        """containerd's event stream (e.g. `topic=="/tasks/exit"`), for this client's namespace."""
-        stub = self.channel.unary_stream(
-            "/containerd.services.events.v1.Events/Subscribe",
-            request_serializer=events_pb2.SubscribeRequest.SerializeToString,
-            response_deserializer=events_pb2.Envelope.FromString)
-        try:
-            for envelope in stub(events_pb2.SubscribeRequest(filters=list(filters)),
-                                 metadata=self.metadata(), timeout=timeout):
-                if envelope.namespace == self.namespace:
-                    yield envelope
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise translate(e, "events", self.address) from None
-
     # Containers -------------------------------------------------------------------------------
 
     def get_container(self, container_id: str) -> containers_pb2.Container:
         return self.call("/containerd.services.containers.v1.Containers/Get",
                          containers_pb2.GetContainerRequest(id=container_id),
                          containers_pb2.GetContainerResponse, f"container {container_id}").container
-
-    def list_containers(self, *filters: str) -> list[containers_pb2.Container]:
-        return list(self.call("/containerd.services.containers.v1.Containers/List",
-                              containers_pb2.ListContainersRequest(filters=list(filters)),
-                              containers_pb2.ListContainersResponse, "list containers").containers)
 
     def create_container(self, container: containers_pb2.Container) -> containers_pb2.Container:
         return self.call("/containerd.services.containers.v1.Containers/Create",
@@ -221,24 +182,10 @@ class Client:
                     tasks_pb2.KillRequest(container_id=container_id, signal=signal,
                                           all=all_processes), f"kill task {container_id}")
 
-    def pause_task(self, container_id: str) -> None:
-        self._empty("/containerd.services.tasks.v1.Tasks/Pause",
-                    tasks_pb2.PauseTaskRequest(container_id=container_id),
-                    f"pause task {container_id}")
-
-    def resume_task(self, container_id: str) -> None:
-        self._empty("/containerd.services.tasks.v1.Tasks/Resume",
-                    tasks_pb2.ResumeTaskRequest(container_id=container_id),
-                    f"resume task {container_id}")
-
-    def list_pids(self, container_id: str) -> list[int]:
-        response = self.call("/containerd.services.tasks.v1.Tasks/ListPids",
-                             tasks_pb2.ListPidsRequest(container_id=container_id),
-                             tasks_pb2.ListPidsResponse, f"list pids of {container_id}")
-        return [p.pid for p in response.processes]
-
     def checkpoint_task(self, container_id: str,
                         options: runc_options_pb2.CheckpointOptions) -> list[types_pb2.Descriptor]:
+        from torpor.containerd.runtime import CHECKPOINT_OPTIONS_TYPE_URL, pack_any
+
         request = tasks_pb2.CheckpointTaskRequest(
             container_id=container_id,
             options=pack_any(CHECKPOINT_OPTIONS_TYPE_URL, options.SerializeToString()))
@@ -267,10 +214,6 @@ class Client:
         return self.call("/containerd.services.images.v1.Images/Update",
                          images_pb2.UpdateImageRequest(image=image),
                          images_pb2.UpdateImageResponse, f"update image {image.name}").image
-
-    def delete_image(self, name: str) -> None:
-        self._empty("/containerd.services.images.v1.Images/Delete",
-                    images_pb2.DeleteImageRequest(name=name, sync=True), f"delete image {name}")
 
     # Content ----------------------------------------------------------------------------------
 
@@ -353,10 +296,6 @@ class Client:
         self.call("/containerd.services.content.v1.Content/Update",
                   content_pb2.UpdateRequest(info=info, update_mask=mask), content_pb2.UpdateResponse,
                   f"label content {digest}")
-
-    def delete_content(self, digest: str) -> None:
-        self._empty("/containerd.services.content.v1.Content/Delete",
-                    content_pb2.DeleteContentRequest(digest=digest), f"delete content {digest}")
 
     # Snapshots and diff -----------------------------------------------------------------------
 

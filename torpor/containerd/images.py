@@ -10,23 +10,24 @@ from typing import Any
 from torpor.containerd.api import types_pb2
 from torpor.containerd.client import Client
 from torpor.errors import ImageError, NotFound
+from torpor.formats.digests import verify_bytes
+from torpor.formats.mediatypes import INDEX_TYPES
+from torpor.formats.metadata import BaseImage
+from torpor.formats.oci import Descriptor
 from torpor.node.facts import go_arch
 
-INDEX_TYPES = ("application/vnd.oci.image.index.v1+json",
-               "application/vnd.docker.distribution.manifest.list.v2+json")
-MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
-                  "application/vnd.docker.distribution.manifest.v2+json")
 MAX_JSON_BLOB = 4 << 20
 
 
 def read_json(client: Client, digest: str) -> dict[str, Any]:
+    """An OCI document (manifest, index, config) from containerd's content store, digest-checked;
+    kept as a dict because its unknown fields must survive."""
     data = bytearray()
     for chunk in client.read_content(digest):
         data += chunk
         if len(data) > MAX_JSON_BLOB:
             raise ImageError(f"blob {digest} is larger than {MAX_JSON_BLOB} bytes: not a manifest")
-    if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
-        raise ImageError(f"content {digest} in containerd does not match its digest")
+    verify_bytes(bytes(data), digest, f"content {digest} in containerd")
     try:
         parsed: dict[str, Any] = json.loads(data)
     except ValueError:
@@ -34,20 +35,18 @@ def read_json(client: Client, digest: str) -> dict[str, Any]:
     return parsed
 
 
-def platform_manifest(client: Client, target: types_pb2.Descriptor | dict[str, Any],
-                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+def platform_manifest(client: Client, target: Descriptor) -> tuple[Descriptor, dict[str, Any]]:
     """(manifest descriptor, manifest) for this node's platform under `target`."""
-    desc: dict[str, Any] = target if isinstance(target, dict) else {
-        "mediaType": target.media_type, "digest": target.digest, "size": target.size}
-    doc = read_json(client, str(desc["digest"]))
-    if desc["mediaType"] in INDEX_TYPES or doc.get("manifests"):
+    doc = read_json(client, target.digest)
+    if target.media_type in INDEX_TYPES or doc.get("manifests"):
         arch, os_name = go_arch(), host_platform.system().lower()
-        for child in doc.get("manifests", []):
-            plat = child.get("platform") or {}
+        for i, entry in enumerate(doc.get("manifests", [])):
+            child = Descriptor.from_json(entry, f"image index {target.digest} manifests[{i}]")
+            plat = child.platform or {}
             if plat.get("architecture") == arch and plat.get("os") == os_name:
-                return child, read_json(client, child["digest"])
-        raise ImageError(f"image index {desc['digest']} has no manifest for {os_name}/{arch}")
-    return desc, doc
+                return child, read_json(client, child.digest)
+        raise ImageError(f"image index {target.digest} has no manifest for {os_name}/{arch}")
+    return target, doc
 
 
 def chain_ids(diff_ids: list[str]) -> list[str]:
@@ -61,31 +60,28 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
     return chain
 
 
-def image_chain(client: Client, image_name: str) -> dict[str, Any]:
+def image_chain(client: Client, image_name: str) -> BaseImage:
     """Digests and chain ID of an image present in containerd."""
     image = client.get_image(image_name)
-    manifest_desc, manifest = platform_manifest(client, image.target)
-    config = read_json(client, manifest["config"]["digest"])
-    diff_ids = list(config.get("rootfs", {}).get("diff_ids", []))
+    target = Descriptor(image.target.media_type, image.target.digest, image.target.size)
+    manifest_desc, manifest = platform_manifest(client, target)
+    config_desc = Descriptor.from_json(manifest.get("config"), f"manifest {manifest_desc.digest}")
+    config = read_json(client, config_desc.digest)
+    diff_ids = [str(d) for d in (config.get("rootfs") or {}).get("diff_ids", [])]
+    layers = [Descriptor.from_json(layer, f"manifest {manifest_desc.digest} layers[{i}]")
+              for i, layer in enumerate(manifest.get("layers", []))]
     chain = chain_ids(diff_ids)
-    return {
-        "name": image_name,
-        "target": {"mediaType": image.target.media_type, "digest": image.target.digest,
-                   "size": image.target.size},
-        "manifest": manifest_desc,
-        "config_digest": manifest["config"]["digest"],
-        "layers": manifest.get("layers", []),
-        "diff_ids": diff_ids,
-        "chain_id": chain[-1] if chain else "",
-    }
+    return BaseImage(name=image_name, target=target, manifest=manifest_desc,
+                     config_digest=config_desc.digest, layers=tuple(layers),
+                     diff_ids=tuple(diff_ids), chain_id=chain[-1] if chain else "")
 
 
-def ensure_unpacked(client: Client, snapshotter: str, chain: dict[str, Any]) -> int:
+def ensure_unpacked(client: Client, snapshotter: str, chain: BaseImage) -> int:
     """Unpack the image's layers into `snapshotter` where missing; returns layers applied."""
     applied = 0
-    ids = chain_ids(chain["diff_ids"])
+    ids = chain_ids(list(chain.diff_ids))
     parent = ""
-    for layer, chain_id in zip(chain["layers"], ids, strict=True):
+    for layer, chain_id in zip(chain.layers, ids, strict=True):
         if not client.has_snapshot(snapshotter, chain_id):
             key = f"torpor-unpack-{chain_id}"
             try:
@@ -95,8 +91,7 @@ def ensure_unpacked(client: Client, snapshotter: str, chain: dict[str, Any]) -> 
                 mounts = client.prepare_snapshot(snapshotter, key, parent)
             try:
                 client.apply_diff(types_pb2.Descriptor(
-                    media_type=layer["mediaType"], digest=layer["digest"], size=layer["size"]),
-                    mounts)
+                    media_type=layer.media_type, digest=layer.digest, size=layer.size), mounts)
                 client.commit_snapshot(snapshotter, chain_id, key,
                                        labels={"containerd.io/snapshot.ref": chain_id})
             except BaseException:
@@ -108,6 +103,6 @@ def ensure_unpacked(client: Client, snapshotter: str, chain: dict[str, Any]) -> 
             applied += 1
         parent = chain_id
     if ids:  # keep the unpacked snapshots alive as long as the image's config is
-        client.label_content(chain["config_digest"],
+        client.label_content(chain.config_digest,
                              {f"containerd.io/gc.ref.snapshot.{snapshotter}": ids[-1]})
     return applied

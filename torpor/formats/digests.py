@@ -57,3 +57,12 @@ def verify_hasher(hasher: Hasher, digest: str, what: str) -> None:
         raise DigestMismatch(f"{what} is not what its descriptor says: expected {digest}, "
                              f"the content hashes to {algorithm}:{actual}",
                              hint="the source holds corrupted or tampered content; nothing was kept")
+
+
+def sha256_file(path: str) -> str:
+    """The sha256 digest of a file, read in 1 MiB pieces."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            hasher.update(chunk)
+    return "sha256:" + hasher.hexdigest()

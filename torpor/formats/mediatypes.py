@@ -1,33 +1,37 @@
-"""Media types, artifact type and annotation keys of torpor's checkpoint images (docs/format.md)."""
+"""Media types torpor writes or must tell apart, defined once (docs/format.md). Every other type
+is an opaque blob, copied as it is. Stdlib only."""
 
 from __future__ import annotations
 
+# OCI image-spec
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
-OCI_LAYER_TYPES = (
-    "application/vnd.oci.image.layer.v1.tar",
-    "application/vnd.oci.image.layer.v1.tar+gzip",
-    "application/vnd.oci.image.layer.v1.tar+zstd",
-    "application/vnd.docker.image.rootfs.diff.tar.gzip",
-    "application/vnd.docker.image.rootfs.diff.tar.zstd",
-)
+OCI_LAYOUT_VERSION = '{"imageLayoutVersion":"1.0.0"}'
 
+# Docker's schema 2, which registries and containerd still serve
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+DOCKER_LAYER_ZSTD = "application/vnd.docker.image.rootfs.diff.tar.zstd"
+
+INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_LIST})
+IMAGE_MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
+MANIFEST_TYPES = INDEX_TYPES | IMAGE_MANIFEST_TYPES
+OCI_LAYER_TYPES = (OCI_LAYER_TAR, OCI_LAYER_GZIP, OCI_LAYER_ZSTD, DOCKER_LAYER_GZIP,
+                   DOCKER_LAYER_ZSTD)
+
+# The Accept header of every manifest GET: distribution returns 404 for an OCI manifest unless
+# the OCI types are listed (notes/formats.md §3.2).
+MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])
+
+# torpor's checkpoint images
 ARTIFACT_TYPE = "application/vnd.torpor.checkpoint.v1"
 CHECKPOINT_CONFIG = "application/vnd.torpor.checkpoint.config.v1+json"
 CRIU_LAYER = "application/vnd.torpor.checkpoint.criu.v1.tar+zstd"
 VOLUMES_LAYER = "application/vnd.torpor.checkpoint.volumes.v1.tar+zstd"
 STATE_LAYER = "application/vnd.torpor.checkpoint.state.v1.tar+zstd"
 STATE_LAYER_TYPES = (CRIU_LAYER, VOLUMES_LAYER, STATE_LAYER)
-
-ROLE = "io.torpor.checkpoint.role"            # "runnable" or "state", on index entries
-CONTAINER = "io.torpor.checkpoint.container"  # the checkpointed container's id
-FORMAT = "io.torpor.checkpoint.format"        # torpor.checkpoint.v1
-PART = "io.torpor.checkpoint.part"            # "i/n" on CRIU image parts
-CREATED = "org.opencontainers.image.created"
-REF_NAME = "org.opencontainers.image.ref.name"
-BASE_NAME = "org.opencontainers.image.base.name"
-BASE_DIGEST = "org.opencontainers.image.base.digest"
-TITLE = "org.opencontainers.image.title"
-RANGE_PAX = "TORPOR.range"                    # "<offset> <total size>" on pieces of big files

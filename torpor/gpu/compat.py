@@ -13,125 +13,114 @@ process keeps the driver's user-space libraries it had mapped).
 
 from __future__ import annotations
 
-from typing import Any
-
 from torpor.errors import IncompatibleNode
+from torpor.formats.gpu import GpuDevice, GpuInventory
 from torpor.gpu.cuda import UUID_REMAP_MIN_DRIVER, format_version
 from torpor.gpu.inventory import gib
 
 
-def _gpus(inventory: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(inventory.get("gpus") or [])
-
-
-def used_gpus(recorded: dict[str, Any]) -> list[dict[str, Any]]:
+def used_gpus(recorded: GpuInventory) -> list[GpuDevice]:
     """The recorded GPUs the checkpointed processes ran on (all of them when unknown)."""
-    used = {p["gpu_uuid"] for p in recorded.get("processes") or []}
-    gpus = [g for g in _gpus(recorded) if g["uuid"] in used]
-    return gpus or _gpus(recorded)
+    used = {p.gpu_uuid for p in recorded.processes}
+    gpus = [g for g in recorded.gpus if g.uuid in used]
+    return gpus or list(recorded.gpus)
 
 
-def needed_memory(recorded: dict[str, Any]) -> dict[str, int]:
+def needed_memory(recorded: GpuInventory) -> dict[str, int]:
     """Bytes the checkpointed processes held, per recorded GPU UUID."""
     needed: dict[str, int] = {}
-    for p in recorded.get("processes") or []:
-        needed[p["gpu_uuid"]] = needed.get(p["gpu_uuid"], 0) + int(p["used_memory"])
+    for p in recorded.processes:
+        needed[p.gpu_uuid] = needed.get(p.gpu_uuid, 0) + p.used_memory
     return needed
 
 
-def is_identity(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
-    here = {g["uuid"] for g in _gpus(current)}
-    return all(g["uuid"] in here for g in used_gpus(recorded))
+def is_identity(recorded: GpuInventory, current: GpuInventory) -> bool:
+    here = {g.uuid for g in current.gpus}
+    return all(g.uuid in here for g in used_gpus(recorded))
 
 
-def targets(recorded: dict[str, Any],
-            current: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+def targets(recorded: GpuInventory,
+            current: GpuInventory) -> list[tuple[GpuDevice, GpuDevice | None]]:
     """(recorded GPU, the GPU here it restores onto, None when there is none) for each used GPU."""
-    gpus = _gpus(current)
+    gpus = list(current.gpus)
     if is_identity(recorded, current):
-        by_uuid = {g["uuid"]: g for g in gpus}
-        return [(g, by_uuid[g["uuid"]]) for g in used_gpus(recorded)]
-    return [(g, gpus[g["index"]] if g["index"] < len(gpus) else None)
-            for g in used_gpus(recorded)]
+        by_uuid = {g.uuid: g for g in gpus}
+        return [(g, by_uuid[g.uuid]) for g in used_gpus(recorded)]
+    return [(g, gpus[g.index] if g.index < len(gpus) else None) for g in used_gpus(recorded)]
 
 
-def _model(g: dict[str, Any]) -> str:
-    return f"{g['name']} ({g['architecture']}, compute capability {g['compute_capability']})"
-
-
-def memory_shortfalls(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def memory_shortfalls(recorded: GpuInventory, current: GpuInventory) -> list[str]:
     """GPUs here without room for what the checkpointed processes used on them."""
     needed = needed_memory(recorded)
     out = []
     for old, new in targets(recorded, current):
-        need = needed.get(old["uuid"], 0)
-        if new is not None and need > new["memory_free"]:
-            out.append(f"GPU {new['index']} ({new['uuid']}) has {gib(new['memory_free'])} free; "
+        need = needed.get(old.uuid, 0)
+        if new is not None and need > new.memory_free:
+            out.append(f"GPU {new.index} ({new.uuid}) has {gib(new.memory_free)} free; "
                        f"the checkpointed processes need {gib(need)} on it: free GPU memory "
                        "(stop other work on it) or restore on another node")
     return out
 
 
-def _count_refusal(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
-    used, here = used_gpus(recorded), _gpus(current)
-    if not used or max(g["index"] for g in used) < len(here):
+def _count_refusal(recorded: GpuInventory, current: GpuInventory) -> str | None:
+    used, here = used_gpus(recorded), current.gpus
+    if not used or max(g.index for g in used) < len(here):
         return None
-    return (f"the checkpoint needs {max(g['index'] for g in used) + 1} GPU(s) "
-            f"({', '.join(_model(g) for g in used)}); this node has {len(here)}")
+    return (f"the checkpoint needs {max(g.index for g in used) + 1} GPU(s) "
+            f"({', '.join(g.model for g in used)}); this node has {len(here)}")
 
 
-def _remap_refusal(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
-    version = int(current.get("cuda_driver_version") or 0)
+def _remap_refusal(recorded: GpuInventory, current: GpuInventory) -> str | None:
+    version = current.cuda_driver_version
     if is_identity(recorded, current) or version >= UUID_REMAP_MIN_DRIVER:
         return None
-    here = {g["uuid"] for g in _gpus(current)}
-    missing = [g["uuid"] for g in used_gpus(recorded) if g["uuid"] not in here]
+    here = {g.uuid for g in current.gpus}
+    missing = [g.uuid for g in used_gpus(recorded) if g.uuid not in here]
     return (f"the checkpoint's GPUs {', '.join(missing)} are not on this node, and restoring "
             "onto other GPUs needs driver 580 (CUDA 13.0) or newer; this node has "
-            f"{current.get('driver_version')} (CUDA {format_version(version)})")
+            f"{current.driver_version} (CUDA {format_version(version)})")
 
 
-def mismatches(recorded: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
+def mismatches(recorded: GpuInventory | None, current: GpuInventory | None) -> list[str]:
     """Every reason this node cannot restore the recorded GPU state; empty when it can."""
-    if not recorded:
+    if recorded is None:
         return []  # no inventory was recorded (NVML was missing): nothing to compare
     if current is None:
         return ["the checkpoint holds GPU state, but this node has no NVIDIA driver (NVML "
                 "cannot be loaded): restore on a node with NVIDIA GPUs"]
     out = [m for m in (_count_refusal(recorded, current),) if m]
-    if recorded.get("driver_version") != current.get("driver_version"):
-        out.append(f"this node has NVIDIA driver {current.get('driver_version')}; the "
-                   f"checkpoint was taken with {recorded.get('driver_version')}: install the "
+    if recorded.driver_version != current.driver_version:
+        out.append(f"this node has NVIDIA driver {current.driver_version}; the "
+                   f"checkpoint was taken with {recorded.driver_version}: install the "
                    "same driver version")
     for old, new in targets(recorded, current):
         if new is None:
             continue
-        where = f"GPU {new['index']}"
-        if (new["name"], new["architecture"], new["compute_capability"]) != (
-                old["name"], old["architecture"], old["compute_capability"]):
-            out.append(f"{where} is a {_model(new)}; the checkpoint needs a {_model(old)}")
-        if not new["persistence_mode"]:
+        where = f"GPU {new.index}"
+        if (new.name, new.architecture, new.compute_capability) != (
+                old.name, old.architecture, old.compute_capability):
+            out.append(f"{where} is a {new.model}; the checkpoint needs a {old.model}")
+        if not new.persistence_mode:
             out.append(f"{where} has persistence mode off: enable it (`nvidia-smi -i "
-                       f"{new['index']} -pm 1`, or run nvidia-persistenced)")
-        if new["mig_mode"] == "on":
+                       f"{new.index} -pm 1`, or run nvidia-persistenced)")
+        if new.mig_mode == "on":
             out.append(f"{where} has MIG enabled, which CUDA checkpoints do not support: "
-                       f"disable it (`nvidia-smi -i {new['index']} -mig 0`)")
+                       f"disable it (`nvidia-smi -i {new.index} -mig 0`)")
     out.extend(memory_shortfalls(recorded, current))
     out.extend(m for m in (_remap_refusal(recorded, current),) if m)
     return out
 
 
-def uuid_pairs(recorded: dict[str, Any] | None,
-               current: dict[str, Any] | None) -> list[tuple[str, str]] | None:
+def uuid_pairs(recorded: GpuInventory | None,
+               current: GpuInventory | None) -> list[tuple[str, str]] | None:
     """None when the checkpoint's GPUs are all here (no pairs: the driver's default path), else
     (old UUID, new UUID) for every recorded GPU, by index. IncompatibleNode when pairs would be
     needed on a driver older than r580, or a used GPU has no counterpart here."""
-    if not recorded or current is None or is_identity(recorded, current):
+    if recorded is None or current is None or is_identity(recorded, current):
         return None
     refusals = [m for m in (_count_refusal(recorded, current),
                             _remap_refusal(recorded, current)) if m]
     if refusals:
         raise IncompatibleNode(refusals)
-    here = _gpus(current)
-    return [(g["uuid"], here[g["index"]]["uuid"]) for g in _gpus(recorded)
-            if g["index"] < len(here)]
+    here = current.gpus
+    return [(g.uuid, here[g.index].uuid) for g in recorded.gpus if g.index < len(here)]

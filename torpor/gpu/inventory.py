@@ -1,15 +1,8 @@
 """The node's GPUs and a container's GPU processes, through NVML (nvidia-ml-py, `import pynvml`).
 
 This is the only module that imports pynvml, and every NVMLError becomes a GpuError here. The
-inventory is a plain JSON-serialisable dict, kept in a checkpoint's metadata, compared with the
-restore node's by compat.py and shown by `torpor inspect`:
-
-    {"driver_version": "580.65.06", "cuda_driver_version": 13000, "checkpoint_api": true,
-     "gpus": [{"index": 0, "uuid": "GPU-...", "name": "NVIDIA H200", "architecture": "Hopper",
-               "compute_capability": "9.0", "memory_total": B, "memory_used": B,
-               "memory_free": B, "pci_bus_id": "00000000:19:00.0", "minor_number": 0,
-               "mig_mode": "off" | "on" | "unsupported", "persistence_mode": true}],
-     "processes": [{"pid": 4242, "gpu_uuid": "GPU-...", "used_memory": B}]}
+inventory (torpor.formats.gpu.GpuInventory) is kept in a checkpoint's metadata, compared with the
+restore node's by compat.py and shown by `torpor inspect`.
 
 `processes` lists the running compute processes among the pids asked for (host pids), and is
 empty when none were asked for.
@@ -22,8 +15,9 @@ from collections.abc import Collection
 from typing import Any
 
 from torpor.errors import GpuError
+from torpor.formats.gpu import GpuDevice, GpuInventory, GpuProcessMemory
+from torpor.formats.node import Requirement
 from torpor.gpu.cuda import format_version
-from torpor.node.check import Requirement
 
 API_MIN_DRIVER = 570  # the public cuCheckpointProcess* API
 REMAP_MIN_DRIVER = 580  # GPU UUID pairs on restore
@@ -86,7 +80,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _gpu(index: int) -> dict[str, Any]:
+def _gpu(index: int) -> GpuDevice:
     pynvml = _nvml()
     handle = _call(f"open GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
     memory = _call(f"read the memory of GPU {index}", pynvml.nvmlDeviceGetMemoryInfo, handle)
@@ -95,30 +89,30 @@ def _gpu(index: int) -> dict[str, Any]:
     arch = _optional(pynvml.nvmlDeviceGetArchitecture, handle)
     mig = _optional(pynvml.nvmlDeviceGetMigMode, handle)
     persistence = _optional(pynvml.nvmlDeviceGetPersistenceMode, handle)
-    return {
-        "index": index,
-        "uuid": _text(_call(f"read the UUID of GPU {index}", pynvml.nvmlDeviceGetUUID, handle)),
-        "name": _text(_call(f"read the name of GPU {index}", pynvml.nvmlDeviceGetName, handle)),
-        "architecture": ARCHITECTURES.get(arch, f"unknown ({arch})") if arch is not None
+    return GpuDevice(
+        index=index,
+        uuid=_text(_call(f"read the UUID of GPU {index}", pynvml.nvmlDeviceGetUUID, handle)),
+        name=_text(_call(f"read the name of GPU {index}", pynvml.nvmlDeviceGetName, handle)),
+        architecture=ARCHITECTURES.get(arch, f"unknown ({arch})") if arch is not None
         else "unknown",
-        "compute_capability": f"{major}.{minor}",
-        "memory_total": int(memory.total),
-        "memory_used": int(memory.used),
-        "memory_free": int(memory.free),
-        "pci_bus_id": _text(_call(f"read the PCI address of GPU {index}",
-                                  pynvml.nvmlDeviceGetPciInfo, handle).busId),
-        "minor_number": _optional(pynvml.nvmlDeviceGetMinorNumber, handle),
-        "mig_mode": "unsupported" if mig is None else ("on" if mig[0] else "off"),
-        "persistence_mode": bool(persistence),
-    }
+        compute_capability=f"{major}.{minor}",
+        memory_total=int(memory.total),
+        memory_used=int(memory.used),
+        memory_free=int(memory.free),
+        pci_bus_id=_text(_call(f"read the PCI address of GPU {index}",
+                               pynvml.nvmlDeviceGetPciInfo, handle).busId),
+        minor_number=_optional(pynvml.nvmlDeviceGetMinorNumber, handle),
+        mig_mode="unsupported" if mig is None else ("on" if mig[0] else "off"),
+        persistence_mode=bool(persistence),
+    )
 
 
-def _processes(index: int, uuid: str, pids: Collection[int]) -> list[dict[str, Any]]:
+def _processes(index: int, uuid: str, pids: Collection[int]) -> list[GpuProcessMemory]:
     pynvml = _nvml()
     handle = _call(f"open GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
     running = _call(f"list the processes on GPU {index}",
                     pynvml.nvmlDeviceGetComputeRunningProcesses, handle)
-    return [{"pid": int(p.pid), "gpu_uuid": uuid, "used_memory": int(p.usedGpuMemory or 0)}
+    return [GpuProcessMemory(pid=int(p.pid), gpu_uuid=uuid, used_memory=int(p.usedGpuMemory or 0))
             for p in running if int(p.pid) in pids]
 
 
@@ -134,7 +128,7 @@ def _cuda_driver(cuda_library: str) -> tuple[int | None, bool]:
 
 
 def gather(nvml_library: str, cuda_library: str,
-           pids: Collection[int] = ()) -> dict[str, Any]:
+           pids: Collection[int] = ()) -> GpuInventory:
     """The inventory; GpuError when NVML cannot be loaded or answers with an error."""
     inventory = gather_or_none(nvml_library, cuda_library, pids)
     if inventory is None:
@@ -145,7 +139,7 @@ def gather(nvml_library: str, cuda_library: str,
 
 
 def gather_or_none(nvml_library: str, cuda_library: str,
-                   pids: Collection[int] = ()) -> dict[str, Any] | None:
+                   pids: Collection[int] = ()) -> GpuInventory | None:
     """The inventory, or None when this node has no NVML or no driver loaded."""
     if not _use_library(nvml_library):
         return None
@@ -159,19 +153,19 @@ def gather_or_none(nvml_library: str, cuda_library: str,
     try:
         count = _call("count the GPUs", pynvml.nvmlDeviceGetCount)
         gpus = [_gpu(index) for index in range(count)]
-        processes = [p for g in gpus for p in _processes(g["index"], g["uuid"], set(pids))]
+        processes = [p for g in gpus for p in _processes(g.index, g.uuid, set(pids))]
         cuda_version, api = _cuda_driver(cuda_library)
         if cuda_version is None:
             cuda_version = _call("read the CUDA driver version",
                                  pynvml.nvmlSystemGetCudaDriverVersion_v2)
-        return {
-            "driver_version": _text(_call("read the driver version",
-                                          pynvml.nvmlSystemGetDriverVersion)),
-            "cuda_driver_version": int(cuda_version),
-            "checkpoint_api": api,
-            "gpus": gpus,
-            "processes": sorted(processes, key=lambda p: (p["pid"], p["gpu_uuid"])),
-        }
+        return GpuInventory(
+            driver_version=_text(_call("read the driver version",
+                                       pynvml.nvmlSystemGetDriverVersion)),
+            cuda_driver_version=int(cuda_version),
+            checkpoint_api=api,
+            gpus=tuple(gpus),
+            processes=tuple(sorted(processes, key=lambda p: (p.pid, p.gpu_uuid))),
+        )
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -179,43 +173,36 @@ def gather_or_none(nvml_library: str, cuda_library: str,
             pass
 
 
-def driver_major(inventory: dict[str, Any]) -> int:
-    """'580.65.06' -> 580; 0 when unreadable."""
-    head = str(inventory.get("driver_version", "")).split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
 def gib(value: int) -> str:
     return f"{value / (1 << 30):.1f} GiB"
 
 
-def describe(inventory: dict[str, Any]) -> list[str]:
+def describe(inventory: GpuInventory) -> list[str]:
     """One line for the driver, one per GPU, one per process: for `torpor inspect`."""
-    lines = [f"NVIDIA driver {inventory.get('driver_version')}, CUDA "
-             f"{format_version(int(inventory.get('cuda_driver_version', 0)))}"]
-    for g in inventory.get("gpus", []):
-        lines.append(f"GPU {g['index']}: {g['name']} ({g['architecture']}, compute capability "
-                     f"{g['compute_capability']}), {gib(g['memory_total'])}, {g['uuid']}, PCI "
-                     f"{g['pci_bus_id']}, MIG {g['mig_mode']}, persistence mode "
-                     f"{'on' if g['persistence_mode'] else 'off'}")
-    for p in inventory.get("processes", []):
-        lines.append(f"pid {p['pid']}: {gib(p['used_memory'])} on {p['gpu_uuid']}")
+    lines = [f"NVIDIA driver {inventory.driver_version}, CUDA "
+             f"{format_version(inventory.cuda_driver_version)}"]
+    for g in inventory.gpus:
+        lines.append(f"GPU {g.index}: {g.model}, {gib(g.memory_total)}, {g.uuid}, PCI "
+                     f"{g.pci_bus_id}, MIG {g.mig_mode}, persistence mode "
+                     f"{'on' if g.persistence_mode else 'off'}")
+    for p in inventory.processes:
+        lines.append(f"pid {p.pid}: {gib(p.used_memory)} on {p.gpu_uuid}")
     return lines
 
 
-def requirements(inventory: dict[str, Any] | None) -> list[Requirement]:
+def requirements(inventory: GpuInventory | None) -> list[Requirement]:
     """What `torpor check` reports about GPU checkpointing on this node."""
     if inventory is None:
         return [Requirement("gpu driver", "skip", "no NVIDIA driver loaded (GPU checkpoint off)")]
-    gpus = inventory.get("gpus", [])
+    gpus = inventory.gpus
     out = []
     if gpus:
-        models = sorted({g["name"] for g in gpus})
+        models = sorted({g.name for g in gpus})
         out.append(Requirement("gpus", "ok", f"{len(gpus)} x {', '.join(models)}"))
     else:
         out.append(Requirement("gpus", "warn", "the NVIDIA driver is loaded but NVML sees no GPU"))
-    major, version = driver_major(inventory), inventory.get("driver_version")
-    if major < API_MIN_DRIVER or not inventory.get("checkpoint_api"):
+    major, version = inventory.driver_major, inventory.driver_version
+    if major < API_MIN_DRIVER or not inventory.checkpoint_api:
         out.append(Requirement("gpu driver", "fail", f"{version}: the CUDA checkpoint API needs "
                                f"driver {API_MIN_DRIVER} or newer"))
     elif major < REMAP_MIN_DRIVER:
@@ -223,12 +210,12 @@ def requirements(inventory: dict[str, Any] | None) -> list[Requirement]:
                                f"GPUs (other GPUs need driver {REMAP_MIN_DRIVER} or newer)"))
     else:
         out.append(Requirement("gpu driver", "ok", f"{version} (CUDA "
-                               f"{format_version(inventory['cuda_driver_version'])})"))
-    off = [str(g["index"]) for g in gpus if not g["persistence_mode"]]
+                               f"{format_version(inventory.cuda_driver_version)})"))
+    off = [str(g.index) for g in gpus if not g.persistence_mode]
     out.append(Requirement("gpu persistence mode", "fail" if off else "ok",
                            f"off on GPU {', '.join(off)}: run `nvidia-smi -pm 1` or start "
                            "nvidia-persistenced (a CUDA restore needs it)" if off else "on"))
-    mig = [str(g["index"]) for g in gpus if g["mig_mode"] == "on"]
+    mig = [str(g.index) for g in gpus if g.mig_mode == "on"]
     out.append(Requirement("gpu MIG", "fail" if mig else "ok",
                            f"enabled on GPU {', '.join(mig)}: CUDA checkpoints do not support "
                            "MIG; disable it with `nvidia-smi -i N -mig 0`" if mig else "off"))

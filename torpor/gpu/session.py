@@ -28,16 +28,19 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from torpor.capture.freezer import Cgroup
+from torpor.capture.freezer import Cgroup, thawed
+from torpor.capture.processes import ns_pid
 from torpor.config import Config
 from torpor.errors import CudaError, GpuError, IncompatibleNode, RestoreError
+from torpor.formats.gpu import CudaProcess, GpuInventory, GpuState
 from torpor.gpu import compat, cuda, inventory
 from torpor.gpu.criu_plugin import installed_cuda_plugin
 from torpor.gpu.cuda import CudaDriver, ProcessState
+from torpor.reporting import Log
 
 RETRY_DELAY_S = 0.2
 OWNER_THAW_WAIT_S = 3.0  # rollback: how long containerd gets to resume its paused task
@@ -50,37 +53,12 @@ def load_driver(cfg: Config) -> CudaDriver | None:
     return cuda.try_load(cfg.gpu_cuda_library)
 
 
-def ns_pid(pid: int) -> int:
-    """pid as the container sees it (the last NSpid), which CRIU keeps across a restore."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except OSError:
-        pass
-    return pid
-
-
 def refuse_criu_cuda_plugin() -> None:
     plugin = installed_cuda_plugin()
     if plugin:
         raise GpuError(f"CRIU's cuda plugin is installed ({plugin}): CRIU would lock, checkpoint "
                        "and restore the GPUs too, on top of torpor",
                        hint=f"remove {plugin}; torpor drives the CUDA driver itself")
-
-
-@contextlib.contextmanager
-def thawed(cgroup: Cgroup | None) -> Iterator[None]:
-    """Thaw for the block if frozen (the driver's threads must run), then freeze again."""
-    frozen = cgroup is not None and os.path.isdir(cgroup.path) and cgroup.is_frozen()
-    if frozen and cgroup is not None:
-        cgroup.thaw()
-    try:
-        yield
-    finally:
-        if frozen and cgroup is not None and os.path.isdir(cgroup.path):
-            cgroup.freeze()
 
 
 def _twice(operation: Callable[..., None], pid: int, *args: Any) -> None:
@@ -94,17 +72,17 @@ def _twice(operation: Callable[..., None], pid: int, *args: Any) -> None:
         operation(pid, *args)
 
 
-def _no_room(cfg: Config, recorded: dict[str, Any] | None, pids: list[int]) -> dict[int, str]:
+def _no_room(cfg: Config, recorded: GpuInventory | None, pids: list[int]) -> dict[int, str]:
     """pid -> why restoring it now would run out of GPU memory (it then stays checkpointed)."""
     if not recorded or not pids:
         return {}
     current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
     if current is None:
         return {}
-    free = {g["uuid"]: int(g["memory_free"]) for g in current["gpus"]}
+    free = {g.uuid: g.memory_free for g in current.gpus}
     refused = {}
-    for p in recorded.get("processes") or []:
-        pid, gpu, need = p["pid"], p["gpu_uuid"], int(p["used_memory"])
+    for p in recorded.processes:
+        pid, gpu, need = p.pid, p.gpu_uuid, p.used_memory
         if pid not in pids or gpu not in free:
             continue
         if need > free[gpu]:
@@ -116,8 +94,8 @@ def _no_room(cfg: Config, recorded: dict[str, Any] | None, pids: list[int]) -> d
     return refused
 
 
-def resume(cfg: Config, driver: CudaDriver, pids: list[int], log: Any,
-           cgroup: Cgroup | None = None, recorded: dict[str, Any] | None = None) -> list[str]:
+def resume(cfg: Config, driver: CudaDriver, pids: list[int], log: Log,
+           cgroup: Cgroup | None = None, recorded: GpuInventory | None = None) -> list[str]:
     """Restore every checkpointed and unlock every locked process; returns the failures."""
     failures: list[str] = []
     live = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
@@ -154,8 +132,8 @@ class _Resume:
     """The undo of a GPU suspension, for an ExitStack (push): resume everything; after a
     successful block, fail loudly if a process could not be resumed."""
 
-    def __init__(self, cfg: Config, driver: CudaDriver, pids: list[int], log: Any,
-                 cgroup: Cgroup, recorded: dict[str, Any] | None) -> None:
+    def __init__(self, cfg: Config, driver: CudaDriver, pids: list[int], log: Log,
+                 cgroup: Cgroup, recorded: GpuInventory | None) -> None:
         self.args = (cfg, driver, pids, log, cgroup, recorded)
 
     def __call__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -180,10 +158,10 @@ def _lock(driver: CudaDriver, pid: int, timeout_ms: int) -> None:
                        "in the torpor config") from None
 
 
-def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitStack, log: Any,
+def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitStack, log: Log,
                            leave_running: bool,
                            on_locked: Callable[[list[int]], None] = lambda pids: None,
-                           ) -> dict[str, Any] | None:
+                           ) -> GpuState | None:
     """Lock, then checkpoint, the container's CUDA processes; `undo` resumes them. Returns
     what restore needs (None: no CUDA process, nothing to do)."""
     driver = load_driver(cfg)
@@ -198,7 +176,7 @@ def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitSta
         recorded = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library,
                                             pids=cuda_pids)
         version = driver.driver_version()
-        processes = [{"pid": pid, "ns_pid": ns_pid(pid)} for pid in cuda_pids]
+        processes = tuple(CudaProcess(pid=pid, ns_pid=ns_pid(pid)) for pid in cuda_pids)
         try:
             for pid in cuda_pids:
                 _lock(driver, pid, cfg.gpu_lock_timeout_ms)
@@ -213,10 +191,10 @@ def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitSta
             raise
     undo.push(_Resume(cfg, driver, cuda_pids, log, cgroup, recorded))
     log.info(f"GPU: locked and checkpointed CUDA processes {cuda_pids}")
-    return {"cuda_driver_version": version, "processes": processes, "inventory": recorded}
+    return GpuState(cuda_driver_version=version, processes=processes, inventory=recorded)
 
 
-def rollback(cfg: Config, pids: list[int], log: Any) -> None:
+def rollback(cfg: Config, pids: list[int], log: Log) -> None:
     """From the guardian: torpor-runc died; put every process it locked back to running.
 
     containerd paused the task before the checkpoint and resumes it as soon as the runtime
@@ -240,7 +218,7 @@ def rollback(cfg: Config, pids: list[int], log: Any) -> None:
     resume(cfg, driver, live, log, cgroup)
 
 
-def check_before_restore(cfg: Config, gpu_state: dict[str, Any] | None) -> None:
+def check_before_restore(cfg: Config, gpu_state: GpuState | None) -> None:
     """Refuse early, naming every reason, when this node cannot take the GPU state."""
     if not gpu_state:
         return
@@ -249,27 +227,27 @@ def check_before_restore(cfg: Config, gpu_state: dict[str, Any] | None) -> None:
         raise IncompatibleNode([f"the checkpoint holds GPU state, but this node has no CUDA "
                                 f"driver ({cfg.gpu_cuda_library} cannot be loaded)"])
     current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-    problems = compat.mismatches(gpu_state.get("inventory"), current)
+    problems = compat.mismatches(gpu_state.inventory, current)
     if problems:
         raise IncompatibleNode(problems)
 
 
-def resume_after_restore(cfg: Config, gpu_state: dict[str, Any] | None, cgroup: Cgroup,
-                         log: Any) -> list[int]:
+def resume_after_restore(cfg: Config, gpu_state: GpuState | None, cgroup: Cgroup,
+                         log: Log) -> list[int]:
     """After CRIU restored the processes: GPU restore (with UUID pairs) then unlock, each."""
     if not gpu_state:
         return []
     driver = load_driver(cfg)
     if driver is None:
         raise RestoreError("the checkpoint holds GPU state but this node has no CUDA driver")
-    recorded = gpu_state.get("inventory")
+    recorded = gpu_state.inventory
     current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
     pairs = compat.uuid_pairs(recorded, current)
-    if recorded and current is not None:
+    if recorded is not None and current is not None:
         shortfalls = compat.memory_shortfalls(recorded, current)
         if shortfalls:
             raise IncompatibleNode(shortfalls)
-    wanted = {p["ns_pid"] for p in gpu_state.get("processes", [])}
+    wanted = {p.ns_pid for p in gpu_state.processes}
     by_ns = {ns_pid(pid): pid for pid in cgroup.pids()}
     missing = sorted(wanted - set(by_ns))
     if missing:

@@ -28,10 +28,12 @@ from typing import Any
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
+from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
+from torpor.formats import names
+from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
 from torpor.image import layers as layer_io
-from torpor.registry.descriptors import Descriptor
 from torpor.registry.layout import Layout
 
 PIECE = 64 << 20          # a big file is split into pieces of this size
@@ -117,21 +119,22 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             on_blob(path, Descriptor(media_type, layer.digest, layer.size))
 
     metadata = checkpoint_dir.load(directory)
-    base = metadata.get("image")
-    if not base:
+    base = metadata.image
+    if base is None:
         raise ImageError("the checkpoint records no base image; it cannot be made runnable")
     layout = Layout(Path(layout_dir))
     created = layout.create()
     staging = Path(layout_dir) / ".torpor-build"
     staging.mkdir(mode=0o700, exist_ok=True)
     try:
-        files = [f["path"] for f in metadata["files"]]
-        raw_bytes = sum(f["size"] for f in metadata["files"])
-        criu = [p for p in files if p.startswith("criu/") and not p.startswith("criu/torpor/")]
-        volumes = [p for p in files if p.startswith(("criu/torpor/volumes/",
-                                                     "criu/torpor/devshm.tar"))]
-        state = [p for p in files if p.startswith("criu/torpor/") and p not in volumes]
-        state += [p for p in files if p == "criu-dump.log"]
+        files = [f.path for f in metadata.files]
+        raw_bytes = sum(f.size for f in metadata.files)
+        criu_dir, ours = f"{names.CRIU_DIR}/", f"{names.CRIU_DIR}/{names.STATE_DIR}/"
+        criu = [p for p in files if p.startswith(criu_dir) and not p.startswith(ours)]
+        volumes = [p for p in files if p.startswith((f"{ours}{names.VOLUMES_DIR}/",
+                                                     f"{ours}{names.DEV_SHM_ARCHIVE}"))]
+        state = [p for p in files if p.startswith(ours) and p not in volumes]
+        state += [p for p in files if p == names.CRIU_DUMP_LOG]
         criu_pieces = layer_io.pieces_of(directory, criu, PIECE)
         cpus = os.cpu_count() or 1
         target = max(MIN_PART, sum(p.length for p in criu_pieces) // (2 * cpus) + 1)
@@ -147,31 +150,31 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         parts = sum(1 for kind, _ in jobs if kind == mt.CRIU_LAYER)
         state_layers = []
         for i, ((kind, _), layer) in enumerate(zip(jobs, written, strict=True)):
-            annotations = {mt.PART: f"{i + 1}/{parts}"} if kind == mt.CRIU_LAYER else {}
+            annotations = {ann.PART: f"{i + 1}/{parts}"} if kind == mt.CRIU_LAYER else {}
             state_layers.append(_adopt(layout, layer, kind, annotations))
 
-        diff = os.path.join(directory, checkpoint_dir.ROOTFS_DIFF)
+        diff = os.path.join(directory, names.ROOTFS_DIFF)
         diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
                                              progress) if os.path.exists(diff) else None)
         if diff_layer is not None:
             early(diff_layer, mt.OCI_LAYER_ZSTD)
 
-        container = metadata["container"]
-        config_desc = _json_blob(layout, metadata, mt.CHECKPOINT_CONFIG)
-        created_at = metadata.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        container_id = metadata.container.id
+        config_desc = _json_blob(layout, metadata.to_json(), mt.CHECKPOINT_CONFIG)
+        created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         state_manifest = {
             "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_TYPE,
             "config": config_desc.to_json(), "layers": [d.to_json() for d in state_layers],
-            "annotations": {mt.CREATED: created_at, mt.CONTAINER: container["id"],
-                            mt.FORMAT: checkpoint_dir.FORMAT},
+            "annotations": {ann.CREATED: created_at, ann.CONTAINER: container_id,
+                            ann.FORMAT: names.CHECKPOINT_FORMAT},
         }
         state_desc = _json_blob(layout, state_manifest, mt.OCI_MANIFEST, {
             "artifactType": mt.ARTIFACT_TYPE,
             "platform": {"architecture": "unknown", "os": "unknown"},
-            "annotations": {mt.ROLE: "state"}})
+            "annotations": {ann.ROLE: ann.ROLE_STATE}})
 
-        base_manifest = containerd_image.read_json(client, base["manifest"]["digest"])
-        base_config = containerd_image.read_json(client, base["config_digest"])
+        base_manifest = containerd_image.read_json(client, base.manifest.digest)
+        base_config = containerd_image.read_json(client, base.config_digest)
         for layer in base_manifest.get("layers", []):
             _copy_from_containerd(client, layout, layer)
         run_config = json.loads(json.dumps(base_config))
@@ -180,7 +183,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             run_config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
             run_config["rootfs"]["diff_ids"].append(diff_layer.diff_id)
             run_config.setdefault("history", []).append({
-                "created": created_at, "created_by": f"torpor checkpoint {container['id']}",
+                "created": created_at, "created_by": f"torpor checkpoint {container_id}",
                 "comment": "the container's read-write layer at checkpoint time"})
             run_layers.append(_adopt(layout, diff_layer, mt.OCI_LAYER_ZSTD, {}).to_json())
         run_config_desc = _json_blob(layout, run_config, mt.OCI_CONFIG)
@@ -189,17 +192,16 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         runnable = {
             "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "config": run_config_desc.to_json(),
             "layers": run_layers,
-            "annotations": {mt.CREATED: created_at, mt.BASE_NAME: base["name"],
-                            mt.BASE_DIGEST: base["manifest"]["digest"],
-                            mt.CONTAINER: container["id"]},
+            "annotations": {ann.CREATED: created_at, ann.BASE_NAME: base.name,
+                            ann.BASE_DIGEST: base.manifest.digest, ann.CONTAINER: container_id},
         }
         runnable_desc = _json_blob(layout, runnable, mt.OCI_MANIFEST, {
-            "platform": platform, "annotations": {mt.ROLE: "runnable"}})
+            "platform": platform, "annotations": {ann.ROLE: ann.ROLE_RUNNABLE}})
         index = {
             "schemaVersion": 2, "mediaType": mt.OCI_INDEX,
             "manifests": [runnable_desc.to_json(), state_desc.to_json()],
-            "annotations": {mt.CREATED: created_at, mt.CONTAINER: container["id"],
-                            mt.FORMAT: checkpoint_dir.FORMAT, mt.BASE_NAME: base["name"]},
+            "annotations": {ann.CREATED: created_at, ann.CONTAINER: container_id,
+                            ann.FORMAT: names.CHECKPOINT_FORMAT, ann.BASE_NAME: base.name},
         }
         index_desc = _json_blob(layout, index, mt.OCI_INDEX)
         layout.tag(index_desc, ref_name)

@@ -14,7 +14,7 @@ from typing import IO, BinaryIO
 import zstandard
 
 from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
-from torpor.formats.mediatypes import RANGE_PAX
+from torpor.formats.annotations import RANGE_PAX
 
 CHUNK = 1 << 20
 

@@ -22,7 +22,7 @@ from typing import BinaryIO
 import zstandard
 
 from torpor.errors import ImageError
-from torpor.formats.mediatypes import RANGE_PAX
+from torpor.formats.annotations import RANGE_PAX
 
 BLOCK = 512
 CHUNK = 1 << 20

@@ -15,10 +15,22 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torpor.errors import ImageError
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    ref: str
+    digest: str       # the image index's digest
+    size: int         # bytes on disk
+    layout: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 class Store:
@@ -51,7 +63,7 @@ class Store:
             raise ImageError(f"no local checkpoint image {ref}", hint="see `torpor ls`")
         shutil.rmtree(self._entry(ref))
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[StoreEntry]:
         out = []
         for entry in sorted((self.root / "images").glob("*")):
             try:
@@ -61,8 +73,7 @@ class Store:
                 continue
             top = (index.get("manifests") or [{}])[0]
             size = sum(f.stat().st_size for f in (entry / "layout").rglob("*") if f.is_file())
-            out.append({"ref": ref, "digest": top.get("digest", ""), "size": size,
-                        "layout": str(entry / "layout")})
+            out.append(StoreEntry(ref, str(top.get("digest", "")), size, str(entry / "layout")))
         return out
 
     @contextmanager

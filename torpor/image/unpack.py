@@ -13,18 +13,21 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torpor.containerd import images as containerd_image
 from torpor.containerd.api import images_pb2, types_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, ImageError, RestoreError
+from torpor.errors import AlreadyExists, FormatError, ImageError, RestoreError
+from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
+from torpor.formats import names
+from torpor.formats.metadata import BaseImage, CheckpointMetadata
+from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
 from torpor.image import extract
-from torpor.registry.descriptors import Descriptor
 from torpor.registry.layout import Layout
 
 MANIFEST_LIMIT = 4 << 20
@@ -38,7 +41,7 @@ class CheckpointImage:
     runnable_manifest: dict[str, Any]
     state: Descriptor
     state_manifest: dict[str, Any]
-    metadata: dict[str, Any]
+    metadata: CheckpointMetadata
 
     @property
     def state_layers(self) -> list[Descriptor]:
@@ -70,7 +73,7 @@ def assemble(index_desc: Descriptor, index: dict[str, Any],
     runnable = state = None
     for entry in index.get("manifests", []):
         desc = Descriptor.from_json(entry, "index entry")
-        role = desc.annotations.get(mt.ROLE)
+        role = desc.annotations.get(ann.ROLE)
         if desc.artifact_type == mt.ARTIFACT_TYPE or role == "state":
             state = desc
         elif role == "runnable" or (desc.platform or {}).get("os") == "linux":
@@ -94,22 +97,22 @@ def assemble(index_desc: Descriptor, index: dict[str, Any],
         if layer.get("mediaType") not in mt.OCI_LAYER_TYPES:
             raise ImageError(f"runnable manifest {runnable.digest} has a layer of unknown media "
                              f"type {layer.get('mediaType')!r}")
-    metadata = _parse(config, "checkpoint metadata")
-    if metadata.get("format") != checkpoint_dir.FORMAT:
-        raise ImageError(f"checkpoint metadata has format {metadata.get('format')!r}, this torpor "
-                         f"reads {checkpoint_dir.FORMAT!r}")
+    try:
+        metadata = CheckpointMetadata.loads(config, "checkpoint metadata")
+    except FormatError as e:
+        raise ImageError(str(e), hint=e.hint) from None
     return CheckpointImage(index_desc, runnable, runnable_doc, state, state_doc, metadata)
 
 
 def open_layout(layout_dir: str, ref_name: str | None = None) -> CheckpointImage:
     layout = Layout(Path(layout_dir))
     entries = layout.index_entries()
-    named = [e for e in entries if ref_name and e.annotations.get(mt.REF_NAME) == ref_name]
+    named = [e for e in entries if ref_name and e.annotations.get(ann.REF_NAME) == ref_name]
     if named:
         entries = named
     if len(entries) != 1:
         raise ImageError(f"{layout_dir} holds {len(entries)} images; name one "
-                         f"({', '.join(e.annotations.get(mt.REF_NAME, e.digest) for e in entries)})")
+                         f"({', '.join(e.annotations.get(ann.REF_NAME, e.digest) for e in entries)})")
     index_desc = entries[0]
     index = _parse(layout.read_small(index_desc, MANIFEST_LIMIT, "index"), "index")
     manifests = {}
@@ -139,27 +142,27 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
         with ThreadPoolExecutor(max_workers=workers or min(4, max(1, len(layer_list)))) as pool:
             futures = [pool.submit(extract.extract_layer, str(layout.blob_path(layer.digest)),
-                                   layer.digest, layer.size, target, ("criu", "criu-dump.log"),
+                                   layer.digest, layer.size, target,
+                                   (names.CRIU_DIR, names.CRIU_DUMP_LOG),
                                    f"layer {layer.digest}") for layer in layer_list]
             for future in futures:
                 future.result()
-        expected = [f for f in image.metadata.get("files", [])
-                    if f["path"] != checkpoint_dir.ROOTFS_DIFF]
+        expected = tuple(f for f in image.metadata.files if f.path != names.ROOTFS_DIFF)
         for entry in expected:
-            path = os.path.join(target, entry["path"])
+            path = os.path.join(target, entry.path)
             size = os.path.getsize(path) if os.path.isfile(path) else -1
-            if size != entry["size"]:
-                raise ImageError(f"{entry['path']} came out of the image with {size} bytes, "
-                                 f"the checkpoint wrote {entry['size']}")
-        metadata = {**image.metadata, "files": expected, "rootfs_in_image": True}
-        checkpoint_dir.write_metadata(target, metadata)
+            if size != entry.size:
+                raise ImageError(f"{entry.path} came out of the image with {size} bytes, "
+                                 f"the checkpoint wrote {entry.size}")
+        checkpoint_dir.write_metadata(target, replace(image.metadata, files=expected,
+                                                      rootfs_in_image=True))
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
 
 
 def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
-                    name: str) -> dict[str, Any]:
+                    name: str) -> BaseImage:
     """Put the runnable image into containerd's content store and name it `name`."""
     layout = Layout(Path(layout_dir))
     blobs = image.runnable_blobs
@@ -178,7 +181,7 @@ def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
     target = types_pb2.Descriptor(media_type=mt.OCI_MANIFEST, digest=image.runnable.digest,
                                   size=image.runnable.size)
     record = images_pb2.Image(name=name, target=target,
-                              labels={"io.torpor.checkpoint": image.index.digest})
+                              labels={ann.IMAGE_CHECKPOINT: image.index.digest})
     try:
         client.create_image(record)
     except AlreadyExists:
@@ -187,5 +190,5 @@ def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
 
 
 def ensure_restorable(image: CheckpointImage) -> None:
-    if not image.metadata.get("container", {}).get("spec"):
+    if not image.metadata.container.spec:
         raise RestoreError("the checkpoint metadata holds no container spec")

@@ -8,10 +8,10 @@ MIG) when the checkpoint holds GPU state.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torpor.config import Config
 from torpor.errors import IncompatibleNode
+from torpor.formats.metadata import CheckpointMetadata
+from torpor.formats.node import NodeFacts
 from torpor.node import facts as node
 
 # CPU flags that say how the kernel runs, not what the CPU can do: they may differ freely.
@@ -24,41 +24,40 @@ def _older(have: str, need: str, parts: int = 2) -> bool:
     return bool(have_v and need_v) and have_v[:parts] < need_v[:parts]
 
 
-def mismatches(recorded: dict[str, Any], here: node.NodeFacts) -> list[str]:
+def mismatches(recorded: NodeFacts, here: NodeFacts) -> list[str]:
     found = []
-    if recorded.get("architecture") and recorded["architecture"] != here.architecture:
-        found.append(f"architecture: the checkpoint is {recorded['architecture']}, this node is "
+    if recorded.architecture and recorded.architecture != here.architecture:
+        found.append(f"architecture: the checkpoint is {recorded.architecture}, this node is "
                      f"{here.architecture}")
-    if recorded.get("kernel") and _older(here.kernel, recorded["kernel"]):
+    if recorded.kernel and _older(here.kernel, recorded.kernel):
         found.append(f"kernel: this node runs {here.kernel}, older than the checkpoint's "
-                     f"{recorded['kernel']}")
-    missing = sorted(set(recorded.get("cpu_flags") or []) - set(here.cpu_flags)
-                     - VOLATILE_CPU_FLAGS)
+                     f"{recorded.kernel}")
+    missing = sorted(set(recorded.cpu_flags) - set(here.cpu_flags) - VOLATILE_CPU_FLAGS)
     if missing:
         shown = ", ".join(missing[:12]) + (f" and {len(missing) - 12} more" if len(missing) > 12
                                            else "")
         found.append(f"CPU features: this node lacks {shown}")
     for tool, have in (("criu", here.criu_version), ("runc", here.runc_version)):
-        need = recorded.get(f"{tool}_version")
+        need = getattr(recorded, f"{tool}_version")
         if need and need != "unknown" and (have == "unknown" or _older(have, need, 3)):
             found.append(f"{tool}: this node has {have}, the checkpoint needs {need} or newer")
-    if recorded.get("cgroup_version") and recorded["cgroup_version"] != here.cgroup_version:
-        found.append(f"cgroups: the checkpoint is from cgroup v{recorded['cgroup_version']}, this "
+    if recorded.cgroup_version and recorded.cgroup_version != here.cgroup_version:
+        found.append(f"cgroups: the checkpoint is from cgroup v{recorded.cgroup_version}, this "
                      f"node runs v{here.cgroup_version}")
     return found
 
 
-def check(metadata: dict[str, Any], cfg: Config, here: node.NodeFacts | None = None) -> None:
+def check(metadata: CheckpointMetadata, cfg: Config, here: NodeFacts | None = None) -> None:
     """Raise IncompatibleNode listing every reason this node cannot restore `metadata`."""
     here = here or node.gather(runc=node.which(cfg.runtime_path) if "/" not in cfg.runtime_path
                                else cfg.runtime_path)
-    found = mismatches(metadata.get("node") or {}, here)
-    gpu = (metadata.get("state") or {}).get("gpu")
-    if gpu:
+    found = mismatches(metadata.node, here)
+    gpu = metadata.state.gpu
+    if gpu is not None:
         from torpor.gpu import compat as gpu_compat
         from torpor.gpu import inventory
 
         current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-        found += gpu_compat.mismatches(gpu.get("inventory"), current)
+        found += gpu_compat.mismatches(gpu.inventory, current)
     if found:
         raise IncompatibleNode(found)

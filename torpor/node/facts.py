@@ -11,8 +11,8 @@ import platform
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from torpor.formats.node import NodeFacts
 
 CGROUP2_SUPER_MAGIC = 0x63677270
 
@@ -108,26 +108,6 @@ def nvidia_driver_version() -> str | None:
     return match.group(1) if match else "unknown"
 
 
-@dataclass
-class NodeFacts:
-    """What a checkpoint records about its node, and what a restore node is compared against."""
-
-    architecture: str
-    kernel: str
-    criu_version: str
-    runc_version: str
-    cgroup_version: int
-    cpu_flags: list[str] = field(default_factory=list)
-    nvidia_driver: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> NodeFacts:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-
-
 def go_arch(machine: str | None = None) -> str:
     machine = machine or platform.machine()
     return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
@@ -141,6 +121,6 @@ def gather(runc: str | None = None, criu: str | None = None) -> NodeFacts:
         criu_version=version_str(criu_version(criu)),
         runc_version=version_str(runc_version(runc)),
         cgroup_version=cgroup_version(),
-        cpu_flags=cpu_flags(),
+        cpu_flags=tuple(cpu_flags()),
         nvidia_driver=nvidia_driver_version(),
     )

@@ -2,11 +2,10 @@
 
     torpor-hook [--state-dir DIR] HOOK_NAME      (the OCI state arrives on stdin)
 
-createRuntime records the container (init pid, network namespace path and inode, mounts, GPU
-device nodes) and, during a restore, sets up the new network namespace from the plan torpor-runc
-left for it; runc runs createRuntime hooks at CRIU's setup-namespaces step, before sockets are
-bound again. poststop removes the record. Other hook names warn and succeed: specs travel to
-nodes that run other torpor versions.
+createRuntime, during a restore, sets up the new network namespace from the plan torpor-runc left
+for it (runc runs createRuntime hooks at CRIU's setup-namespaces step, before sockets are bound
+again); at any other create it has nothing to do. poststop removes the container's record
+directory. Other hook names warn and succeed: specs travel to nodes with other torpor versions.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import sys
 
 from torpor import fastjson
 from torpor.capture import records
+from torpor.formats import names
 
 TYPE_CHECKING = False  # runs on every container start and stop: no typing, json, shutil
 if TYPE_CHECKING:
@@ -37,31 +37,18 @@ def _read_state() -> dict[str, Any]:
     return state
 
 
-def _load_spec(bundle: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(bundle, "config.json"), "rb") as f:
-            spec: dict[str, Any] = fastjson.loads(f.read())
-            return spec
-    except (OSError, ValueError):
-        return {}
-
-
 def create_runtime(state_dir: str, state: dict[str, Any]) -> int:
     bundle = str(state.get("bundle") or "")
     container_id = str(state.get("id") or "")
     if not bundle or not container_id:
-        _warn("no bundle or id in the OCI state; nothing recorded")
+        _warn("no bundle or id in the OCI state; nothing to do")
         return 0
     directory = records.record_dir(state_dir, bundle, container_id)
-    plan = os.path.join(directory, "restore-net.json")
+    plan = os.path.join(directory, names.RESTORE_PLAN)
     if os.path.exists(plan):
         from torpor.oci_hooks import netplan  # only during a restore
 
         netplan.apply(plan, int(state.get("pid") or 0))
-    try:
-        records.write_record(directory, records.build_record(state, _load_spec(bundle)))
-    except OSError as e:
-        _warn(f"cannot record container {container_id} under {directory}: {e}")
     return 0
 
 

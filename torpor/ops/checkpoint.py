@@ -1,95 +1,105 @@
-"""`torpor checkpoint`: one container, through containerd, into a local checkpoint directory.
+"""`torpor checkpoint CONTAINER`: one container, through containerd, into a checkpoint directory
+(-o DIR), a checkpoint image in the local store (-t REF), pushed (--push), or an OCI layout
+(-o DIR --oci).
 
-Steps (each undone if a later one fails; torpor-runc keeps the workload running meanwhile):
+Steps, in order (torpor-runc keeps the workload running if any of them fails before the dump):
  1. read the container and its task from containerd; refuse containers not run by torpor-runc;
- 2. leave the options for torpor-runc in the state dir (CRIU images into DIR/criu, volumes
+ 2. prepare the directory: DIR (new or empty), or scratch space in the local store for images;
+ 3. leave the request for torpor-runc in the state dir (CRIU images into DIR/criu, the file
     policy), because containerd forwards runc's options but no others;
- 3. Tasks.Checkpoint under a lease, with runc's checkpoint options; torpor-runc captures the
-    network, GPU state and files, and runs `runc checkpoint`;
- 4. move the read-write layer beside the CRIU images, list every file with its size, and write
-    checkpoint.json (container, spec, image, options, node, state, sizes, timings).
+ 4. Tasks.Checkpoint under a lease, with CRIU's options; torpor-runc captures the network, GPU
+    state and files, and runs `runc checkpoint`;
+ 5. lay the directory out: the read-write layer beside the CRIU images (or through containerd's
+    diff service for other snapshotters), CRIU's log;
+ 6. write checkpoint.json (container, spec, image, request, node, state, sizes, timings);
+ 7. images only: compress the layers (zstd, in parallel) into an OCI layout, each layer
+    uploaded as soon as it is written when pushing;
+ 8. --push only: push the manifests.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torpor
 from torpor.capture import records
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
-from torpor.containerd.api import containers_pb2, runc_options_pb2
+from torpor.containerd import runtime as runc_runtime
+from torpor.containerd import snapshots
+from torpor.containerd.api import containers_pb2
 from torpor.containerd.api.task_pb2 import PAUSED, RUNNING
-from torpor.containerd.client import Client, decode_runc_options
+from torpor.containerd.client import Client
 from torpor.errors import CheckpointError, NotFound
+from torpor.formats import names
+from torpor.formats import state as container_state
+from torpor.formats.files import Sizes
+from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo, RuntimeInfo
+from torpor.formats.request import CheckpointRequest
+from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
+from torpor.image.store import Store
 from torpor.node import facts as node
-from torpor.shim import image_dir
-
-Progress = Callable[[str], None]
-TORPOR_SHIM = "io.containerd.torpor.v2"
-LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+from torpor.ops.sources import RegistryAccess, mount_from, registry_options, tag_of
+from torpor.registry import EarlyBlobs, push_layout
+from torpor.reporting import SILENT, Progress
 
 
-@dataclass
-class CheckpointOptions:
-    leave_running: bool = False
-    tcp_established: bool = False
-    file_locks: bool = False
-    ext_unix_sk: bool = False
-    shell_job: bool = False
-    volumes: str | list[str] | None = None   # None: the container's annotation, else the config
-    dev_shm: bool | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """Where the checkpoint goes: a directory, a layout (`oci`), or an image `ref` (pushed)."""
+
+    directory: str | None = None
+    oci: bool = False
+    ref: str | None = None
+    push: bool = False
+    registry: RegistryAccess = field(default_factory=RegistryAccess)
 
 
-def runtime_of(container: containers_pb2.Container) -> dict[str, Any]:
-    options = decode_runc_options(container.runtime.options)
-    return {"name": container.runtime.name, "binary_name": options.binary_name,
-            "root": options.root, "systemd_cgroup": options.systemd_cgroup}
+@dataclass(frozen=True)
+class PushSummary:
+    reference: str
+    uploaded: int
+    mounted: int
+    existing: int
+    bytes_uploaded: int
 
 
-def check_torpor_runtime(container: containers_pb2.Container) -> dict[str, Any]:
-    runtime = runtime_of(container)
-    if runtime["name"] == TORPOR_SHIM or "torpor" in os.path.basename(runtime["binary_name"]):
-        return runtime
-    binary = runtime["binary_name"] or "runc"
-    raise CheckpointError(
-        f"container {container.id} runs under {runtime['name']} with {binary}, not torpor-runc",
-        hint="create it with --runtime io.containerd.torpor.v2 or the torpor runtime class")
+@dataclass(frozen=True)
+class CheckpointResult:
+    container: str
+    stopped: bool                     # the container was stopped by the checkpoint
+    sizes: Sizes
+    timings: dict[str, float]
+    directory: str | None = None      # a checkpoint directory
+    ref: str | None = None            # an image in the local store
+    layout: str | None = None         # where the image's OCI layout is
+    digest: str | None = None         # the image index's digest
+    raw_bytes: int = 0                # the checkpoint's files, uncompressed
+    compressed_bytes: int = 0         # the image's new layers
+    pushed: PushSummary | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("sizes", "pushed")}
+        out["sizes"] = self.sizes.__dict__
+        out["pushed"] = self.pushed.__dict__ if self.pushed else None
+        return out
 
 
-def runc_named(runtime_name: str) -> bool:
-    """containerd passes image and work paths only to runtimes named io.containerd.runc.*."""
-    return runtime_name.split(".")[:3] == ["io", "containerd", "runc"]
-
-
-def _prepare_directory(directory: str) -> bool:
-    """Create DIR (0700); refuse a non-empty one. True when we created it."""
-    if os.path.exists(directory):
-        if not os.path.isdir(directory) or os.listdir(directory):
-            raise CheckpointError(f"{directory} exists and is not an empty directory",
-                                  hint="pick a new -o DIR or remove it")
-        os.chmod(directory, 0o700)
-        return False
-    os.makedirs(directory, mode=0o700)
-    return True
-
-
-def checkpoint(client: Client, container_id: str, directory: str, options: CheckpointOptions,
-               cfg: Config, progress: Progress = lambda step: None) -> dict[str, Any]:
-    started = time.time()
-    directory = os.path.abspath(directory)
-    progress(f"reading container {container_id}")
+def checkpoint(client: Client, container_id: str, request: CheckpointRequest,
+               target: CheckpointTarget, cfg: Config,
+               progress: Progress = SILENT) -> CheckpointResult:
+    started = time.monotonic()
+    # 1. the container
+    progress.step(f"reading container {container_id}")
     container = client.get_container(container_id)
-    runtime = check_torpor_runtime(container)
+    runtime = runc_runtime.require_torpor(container)
     try:
         task = client.get_task(container_id).process
     except NotFound:
@@ -98,41 +108,69 @@ def checkpoint(client: Client, container_id: str, directory: str, options: Check
     if task.status not in (RUNNING, PAUSED):
         raise CheckpointError(f"the task of {container_id} is not running")
     image = containerd_image.image_chain(client, container.image) if container.image else None
-    created = _prepare_directory(directory)
-    criu_dir = os.path.join(directory, checkpoint_dir.CRIU_DIR)
-    work_dir = os.path.join(directory, "work")
-    record = records.containerd_record_dir(cfg.runtime_state_dir, client.namespace, container_id)
+    stopped = not request.criu.leave_running
+
+    if target.ref is None and not target.oci:
+        # 2-6. into DIR
+        assert target.directory is not None
+        directory = os.path.abspath(target.directory)
+        with _fresh_directory(directory):
+            metadata = _checkpoint_into(client, container, runtime, image, request, directory,
+                                        cfg, progress, started)
+        return CheckpointResult(container_id, stopped, metadata.sizes,
+                                {**metadata.timings, "total_s": time.monotonic() - started},
+                                directory=directory)
+
+    # 2-6. into scratch space, then 7. the image and 8. the push
+    store = Store(cfg.image_store)
+    ref = target.ref
+    push_options = registry_options(cfg, ref, target.registry) if target.push and ref else None
+    with store.scratch() as scratch:
+        directory = str(scratch / "checkpoint")
+        os.makedirs(directory, mode=0o700)
+        metadata = _checkpoint_into(client, container, runtime, image, request, directory, cfg,
+                                    progress, started)
+        layout_dir = target.directory if target.oci and target.directory \
+            else str(store.prepare(ref or ""))
+        t = time.monotonic()
+        if push_options is not None and ref:
+            progress.step(f"compressing layers (zstd, in parallel) and pushing them to {ref}")
+            with EarlyBlobs(ref, push_options, mount_from(metadata, ref)) as early:
+                built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
+                                          level=cfg.image_zstd_level, on_blob=early.submit)
+        else:
+            progress.step("compressing layers (zstd, in parallel)")
+            built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
+                                      level=cfg.image_zstd_level)
+        timings = {**metadata.timings, "checkpoint_s": t - started,
+                   "build_s": time.monotonic() - t}
+    pushed = None
+    if push_options is not None and ref:
+        progress.step(f"pushing the manifests of {ref}")
+        t = time.monotonic()
+        result = push_layout(built.layout, ref, options=push_options,
+                             mount_from=mount_from(metadata, ref))
+        timings["push_s"] = time.monotonic() - t
+        pushed = PushSummary(str(result.reference), result.uploaded, result.mounted,
+                             result.existing, result.bytes_uploaded)
+    timings["total_s"] = time.monotonic() - started
+    return CheckpointResult(container_id, stopped, metadata.sizes, timings, ref=ref,
+                            layout=str(built.layout), digest=built.index.digest,
+                            raw_bytes=built.raw_bytes, compressed_bytes=built.compressed_bytes,
+                            pushed=pushed)
+
+
+@contextmanager
+def _fresh_directory(directory: str) -> Iterator[None]:
+    """DIR new (0700) or empty; on failure, left as it was found."""
+    created = not os.path.exists(directory)
+    if not created and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise CheckpointError(f"{directory} exists and is not an empty directory",
+                              hint="pick a new -o DIR or remove it")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
     try:
-        os.makedirs(criu_dir, mode=0o700)
-        request = {"image_path": criu_dir, "volumes": options.volumes, "dev_shm": options.dev_shm}
-        records.write_request(record, {k: v for k, v in request.items() if v is not None})
-        ck = runc_options_pb2.CheckpointOptions(
-            exit=not options.leave_running, open_tcp=options.tcp_established,
-            external_unix_sockets=options.ext_unix_sk, terminal=options.shell_job,
-            file_locks=options.file_locks)
-        if runc_named(runtime["name"]):
-            os.makedirs(work_dir, mode=0o700)
-            ck.image_path, ck.work_path = criu_dir, work_dir
-        progress("checkpointing the task (torpor-runc, CRIU)")
-        t0 = time.time()
-        with client.lease():
-            client.checkpoint_task(container_id, ck)
-        checkpoint_s = time.time() - t0
-        state = image_dir.read_state(criu_dir)
-        if state is None:
-            raise CheckpointError(f"torpor-runc left no state in {criu_dir}: is the container's "
-                                  "runtime really torpor-runc?")
-        _finish_layout(directory, criu_dir, work_dir)
-        if not (state.get("files") or {}).get("rootfs") and container.snapshot_key:
-            progress(f"saving the read-write layer ({container.snapshotter} snapshotter)")
-            rootfs_by_diff_service(client, container,
-                                   os.path.join(directory, checkpoint_dir.ROOTFS_DIFF))
-        progress("writing checkpoint metadata")
-        metadata = _metadata(container, runtime, image, options, state, directory,
-                             timings={"checkpoint_s": checkpoint_s,
-                                      "total_s": time.time() - started})
-        checkpoint_dir.write_metadata(directory, metadata)
-        return metadata
+        yield
     except BaseException:
         if created:
             shutil.rmtree(directory, ignore_errors=True)
@@ -141,66 +179,78 @@ def checkpoint(client: Client, container_id: str, directory: str, options: Check
                 path = os.path.join(directory, entry)
                 shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
         raise
+
+
+def _checkpoint_into(client: Client, container: containers_pb2.Container, runtime: RuntimeInfo,
+                     image: BaseImage | None, request: CheckpointRequest, directory: str,
+                     cfg: Config, progress: Progress, started: float) -> CheckpointMetadata:
+    """Steps 3 to 6 into the empty directory `directory`."""
+    criu_dir = os.path.join(directory, names.CRIU_DIR)
+    work_dir = os.path.join(directory, "work")
+    record = records.containerd_record_dir(cfg.runtime_state_dir, client.namespace, container.id)
+    os.makedirs(criu_dir, mode=0o700)
+    try:
+        # 3. the request for torpor-runc
+        records.write_request(record, CheckpointRequest(
+            criu=request.criu, volumes=request.volumes, dev_shm=request.dev_shm,
+            rootfs=request.rootfs, image_path=criu_dir))
+        # 4. Tasks.Checkpoint
+        paths = {}
+        if runc_runtime.passes_paths(runtime):
+            os.makedirs(work_dir, mode=0o700)
+            paths = {"image_path": criu_dir, "work_path": work_dir}
+        progress.step("checkpointing the task (torpor-runc, CRIU)")
+        t0 = time.monotonic()
+        with client.lease():
+            client.checkpoint_task(container.id,
+                                   runc_runtime.checkpoint_options(request.criu, **paths))
+        checkpoint_s = time.monotonic() - t0
     finally:
         records.take_request(record)  # never leave a request behind for a later checkpoint
+    state = container_state.read(criu_dir)
+    if state is None:
+        raise CheckpointError(f"torpor-runc left no state in {criu_dir}: is the container's "
+                              "runtime really torpor-runc?")
+    # 5. the directory's layout
+    _lay_out(directory, criu_dir, work_dir)
+    if state.files.rootfs is None and container.snapshot_key:
+        progress.step(f"saving the read-write layer ({container.snapshotter} snapshotter)")
+        snapshots.save_rw_layer(client, container, os.path.join(directory, names.ROOTFS_DIFF))
+    # 6. checkpoint.json
+    progress.step("writing checkpoint metadata")
+    files = checkpoint_dir.inventory(directory)
+    metadata = CheckpointMetadata(
+        torpor_version=torpor.__version__,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        container=ContainerInfo(
+            id=container.id, image=container.image, runtime=runtime, spec=_spec_of(container),
+            labels=dict(container.labels), snapshotter=container.snapshotter,
+            snapshot_key=container.snapshot_key),
+        image=image, request=request, node=node.gather(), state=state,
+        sizes=Sizes(
+            memory_pages=sum(f.size for f in files
+                             if os.path.basename(f.path).startswith("pages-")),
+            total=sum(f.size for f in files),
+            rootfs_diff=next((f.size for f in files if f.path == names.ROOTFS_DIFF), 0)),
+        timings={"checkpoint_s": checkpoint_s, "total_s": time.monotonic() - started},
+        files=files)
+    checkpoint_dir.write_metadata(directory, metadata)
+    return metadata
 
 
-def rootfs_by_diff_service(client: Client, container: containers_pb2.Container,
-                           out_path: str) -> None:
-    """The read-write layer from containerd's diff service, for snapshotters that are not
-    overlay (torpor-runc saves overlay upper directories itself, while the container is frozen;
-    this runs after the checkpoint)."""
-    snapshotter, key = container.snapshotter, container.snapshot_key
-    parent = client.stat_snapshot(snapshotter, key).parent
-    view = f"torpor-diff-{container.id}-{secrets.token_hex(4)}"
-    with client.lease():
-        left = client.view_snapshot(snapshotter, view, parent)
-        try:
-            right = client.snapshot_mounts(snapshotter, key)
-            layer = client.diff(left, right, LAYER_TAR, f"torpor-rootfs-{container.id}")
-        finally:
-            client.remove_snapshot(snapshotter, view)
-        fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            for chunk in client.read_content(layer.digest):
-                out.write(chunk)
-
-
-def _finish_layout(directory: str, criu_dir: str, work_dir: str) -> None:
-    diff = os.path.join(image_dir.state_dir(criu_dir), image_dir.ROOTFS_DIFF)
+def _lay_out(directory: str, criu_dir: str, work_dir: str) -> None:
+    diff = os.path.join(criu_dir, names.STATE_DIR, names.ROOTFS_DIFF)
     if os.path.exists(diff):
-        os.replace(diff, os.path.join(directory, checkpoint_dir.ROOTFS_DIFF))
+        os.replace(diff, os.path.join(directory, names.ROOTFS_DIFF))
     if os.path.isdir(work_dir):
         log = os.path.join(work_dir, "dump.log")
         if os.path.exists(log):
-            os.replace(log, os.path.join(directory, "criu-dump.log"))
+            os.replace(log, os.path.join(directory, names.CRIU_DUMP_LOG))
         shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def _metadata(container: containers_pb2.Container, runtime: dict[str, Any],
-              image: dict[str, Any] | None, options: CheckpointOptions, state: dict[str, Any],
-              directory: str, timings: dict[str, float]) -> dict[str, Any]:
-    spec = json.loads(container.spec.value) if container.spec.value else {}
-    files = checkpoint_dir.inventory(directory)
-    pages = sum(f["size"] for f in files if os.path.basename(f["path"]).startswith("pages-"))
-    return {
-        "format": checkpoint_dir.FORMAT,
-        "torpor_version": torpor.__version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "container": {
-            "id": container.id, "image": container.image, "labels": dict(container.labels),
-            "snapshotter": container.snapshotter, "snapshot_key": container.snapshot_key,
-            "runtime": runtime, "spec": spec,
-        },
-        "image": image,
-        "options": {k: v for k, v in asdict(options).items() if k != "extra"},
-        "node": node.gather().to_dict(),
-        "state": {k: state.get(k) for k in ("criu_flags", "network", "files", "gpu", "policy",
-                                            "timings", "init_pid", "processes")},
-        "sizes": {"memory_pages": pages, "total": sum(f["size"] for f in files),
-                  "rootfs_diff": next((f["size"] for f in files
-                                       if f["path"] == checkpoint_dir.ROOTFS_DIFF), 0)},
-        "timings": timings,
-        "files": files,
-    }
+def _spec_of(container: containers_pb2.Container) -> dict[str, Any]:
+    import json
 
+    spec: dict[str, Any] = json.loads(container.spec.value) if container.spec.value else {}
+    return spec

@@ -1,22 +1,28 @@
-"""`torpor restore`: a container back from a local checkpoint directory, whole or not at all.
+"""`torpor restore SOURCE`: a container back from a checkpoint, whole or not at all.
 
-Steps (an ExitStack undoes each if a later one fails: no container, task or snapshot is left):
- 1. check the directory against its checkpoint.json (every file, its size) and this node;
- 2. the base image: present in containerd and unpacked for the snapshotter;
- 3. a snapshot from the image plus the checkpoint's read-write layer (containerd's diff service);
- 4. the container: the checkpoint's spec (cgroup path, network namespace and volume sources
-    rewritten for the new name and node), runtime io.containerd.runc.v2 with BinaryName =
-    this node's torpor-runc;
- 5. the task from the CRIU images (criu_image_path), repeating BinaryName in the task options
+SOURCE is a checkpoint directory, an OCI layout, a local image (`torpor ls`) or an image in a
+registry. Steps, in order (an ExitStack undoes each if a later one fails: no container, task,
+snapshot or scratch directory is left):
+ 1. find the checkpoint and read its metadata (a registry: the index, manifests and metadata
+    only);
+ 2. check this node against it: architecture, kernel, CPU features, CRIU, runc, cgroups, GPUs;
+    before any layer is downloaded;
+ 3. registry only: download the layers into the local store, every blob digest-checked;
+ 4. images only: unpack the state layers into scratch space (the CRIU images) and import the
+    runnable image (base layers + the read-write layer) into containerd;
+ 5. the root filesystem: a snapshot of the image, plus the read-write layer for directories;
+ 6. the container: the checkpoint's spec (cgroup path, network namespace and volume sources
+    rewritten for the new name and node), runtime io.containerd.runc.v2 with BinaryName = this
+    node's torpor-runc;
+ 7. the task from the CRIU images (criu_image_path), repeating BinaryName in the task options
     because containerd does not merge them with the container's; Tasks.Start runs
     torpor-runc restore, which puts back the CRIU flags, network, volumes and GPU state.
-The checkpoint directory is only read.
+The checkpoint itself is only read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import secrets
@@ -29,39 +35,188 @@ from typing import Any
 
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
-from torpor.containerd.api import containers_pb2, tasks_pb2, types_pb2
-from torpor.containerd.client import SPEC_TYPE_URL, Client, pack_any, runc_options
+from torpor.containerd import runtime as runc_runtime
+from torpor.containerd import snapshots
+from torpor.containerd.api import containers_pb2, tasks_pb2
+from torpor.containerd.client import Client
 from torpor.errors import AlreadyExists, NotFound, RestoreError
+from torpor.formats import annotations as ann
+from torpor.formats import names
+from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
 from torpor.image import directory as checkpoint_dir
+from torpor.image import unpack
+from torpor.image.store import Store
+from torpor.node import compat
+from torpor.ops.sources import RegistryAccess, SourceKind, image_of_plan, kind_of, registry_options
+from torpor.registry import fetch_metadata
+from torpor.reporting import SILENT, Progress
 
-Progress = Callable[[str], None]
-LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
-ADD_ADDRESSES = "io.torpor.restore.add-addresses"
-RESTORED_FROM = "io.torpor.restored-from"
 
-
-@dataclass
+@dataclass(frozen=True)
 class RestoreOptions:
-    name: str | None = None
+    name: str | None = None               # default: the checkpointed container's name
     netns: str | None = None              # restore into this network namespace (a path)
     add_addresses: bool = False           # add the addresses sockets need to that namespace
     volumes: dict[str, str] = field(default_factory=dict)   # destination -> new host source
     log_uri: str | None = None            # the task's stdout/stderr (default: a file)
     runtime_binary: str | None = None     # torpor-runc on this node
+    registry: RegistryAccess = field(default_factory=RegistryAccess)
 
 
-def default_runtime_binary() -> str:
-    here = os.path.join(os.path.dirname(os.path.realpath(sys.argv[0])), "torpor-runc")
-    if os.access(here, os.X_OK):
-        return here
-    found = shutil.which("torpor-runc")
-    if not found:
-        raise RestoreError("torpor-runc not found on this node", hint="pass --runtime-binary")
-    return os.path.abspath(found)
+@dataclass(frozen=True)
+class RestoreResult:
+    name: str
+    pid: int
+    namespace: str
+    log: str
+    source: str
+    timings: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
-def rewrite_spec(spec: dict[str, Any], old_id: str, new_id: str, namespace: str,
+def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
+            progress: Progress = SILENT) -> RestoreResult:
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    store = Store(cfg.image_store)
+    kind = kind_of(source, store)
+    if kind is SourceKind.DIRECTORY:
+        # 1. the directory, every file checked, 2. this node
+        progress.step(f"checking {os.path.abspath(source)}")
+        metadata = checkpoint_dir.load(source)
+        compat.check(metadata, cfg)
+        return _restore_directory(client, os.path.abspath(source), metadata, options, cfg,
+                                  progress, started, source, timings)
+
+    ref: str | None = None
+    if kind is SourceKind.REGISTRY:
+        ref = source
+        # 1. the image's metadata, 2. this node, 3. the layers
+        progress.step(f"fetching {source}'s index and metadata")
+        with fetch_metadata(source, registry_options(cfg, source, options.registry)) as plan:
+            image = image_of_plan(plan)
+            progress.step("checking this node against the checkpoint")
+            compat.check(image.metadata, cfg)
+            layout = str(store.prepare(source))
+            progress.step(f"downloading {len(plan.layers)} layers")
+            t = time.monotonic()
+            plan.download(layout, progress=progress.transfer("downloaded"))
+            timings["pull_s"] = time.monotonic() - t
+    else:
+        if kind is SourceKind.STORE:
+            ref, layout = source, str(store.layout(source))
+        else:
+            layout = source
+        image = unpack.open_layout(layout)
+        compat.check(image.metadata, cfg)
+    unpack.ensure_restorable(image)
+    name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
+                  f"{image.index.digest.split(':')[1][:12]}"
+    # 4. the CRIU images into scratch, the runnable image into containerd
+    with store.scratch() as scratch:
+        progress.step("unpacking the CRIU images")
+        t = time.monotonic()
+        directory = str(scratch / "checkpoint")
+        unpack.unpack_state(image, layout, directory)
+        with client.lease():
+            progress.step(f"importing the runnable image {name} into containerd")
+            chain = unpack.import_runnable(client, image, layout, name)
+            timings["unpack_s"] = time.monotonic() - t
+            metadata = checkpoint_dir.load(directory)
+            return _restore_directory(client, directory, metadata, options, cfg, progress,
+                                      started, source, timings, rootfs_image=chain)
+
+
+def _restore_directory(client: Client, directory: str, metadata: CheckpointMetadata,
+                       options: RestoreOptions, cfg: Config, progress: Progress,
+                       started: float, source: str, timings: dict[str, float],
+                       rootfs_image: BaseImage | None = None) -> RestoreResult:
+    """Steps 5 to 7 from a checkpoint directory. `rootfs_image` is an image in containerd that
+    already holds the read-write layer (a checkpoint image's runnable manifest); without it,
+    the base image plus the directory's rootfs-diff.tar are used."""
+    original = metadata.container
+    name = options.name or original.id
+    try:
+        client.get_container(name)
+        raise AlreadyExists(f"container {name} already exists",
+                            hint="restore under another --name, or delete it first")
+    except NotFound:
+        pass
+    snapshotter = original.snapshotter or "overlayfs"
+    image = rootfs_image or _base_image(client, metadata, progress)
+    spec = rewrite_spec(original.spec, original.id, name, options)
+    runtime = RuntimeInfo(name=runc_runtime.RUNC_SHIM,
+                          binary_name=options.runtime_binary or default_runtime_binary(),
+                          root=original.runtime.root,
+                          systemd_cgroup=original.runtime.systemd_cgroup)
+    work = os.path.join(cfg.runtime_state_dir, "restore-work",
+                        f"{client.namespace}-{name}-{secrets.token_hex(3)}")
+    log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
+    with contextlib.ExitStack() as undo, client.lease():
+        # 5. the root filesystem
+        containerd_image.ensure_unpacked(client, snapshotter, image)
+        progress.step("preparing the container's root filesystem")
+        mounts = client.prepare_snapshot(snapshotter, name, image.chain_id)
+        undo.callback(_quietly, client.remove_snapshot, snapshotter, name)
+        diff = os.path.join(directory, names.ROOTFS_DIFF)
+        if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
+            snapshots.apply_rw_layer(client, diff, mounts)
+        # 6. the container
+        labels = {**original.labels, ann.RESTORED_FROM: directory}
+        client.create_container(containers_pb2.Container(
+            id=name, image=image.name, labels=labels, snapshotter=snapshotter,
+            snapshot_key=name,
+            runtime=containers_pb2.Container.Runtime(name=runtime.name,
+                                                     options=runc_runtime.runc_options(runtime)),
+            spec=runc_runtime.pack_any(runc_runtime.SPEC_TYPE_URL, json.dumps(spec).encode())))
+        undo.callback(_quietly, client.delete_container, name)
+        # 7. the task, from the CRIU images
+        os.makedirs(work, mode=0o700, exist_ok=True)
+        undo.callback(shutil.rmtree, work, True)
+        progress.step("restoring the task (torpor-runc, CRIU)")
+        t0 = time.monotonic()
+        client.create_task(tasks_pb2.CreateTaskRequest(
+            container_id=name, rootfs=mounts, stdout=log_uri, stderr=log_uri,
+            options=runc_runtime.runc_options(
+                runtime, criu_image_path=os.path.join(directory, names.CRIU_DIR),
+                criu_work_path=work)))
+        undo.callback(_quietly, client.delete_task, name)
+        try:
+            pid = client.start_task(name)
+        except Exception as e:
+            kept = _keep_restore_log(cfg, client.namespace, name, work)
+            raise RestoreError(f"restoring {name} failed: {e}",
+                               hint=f"CRIU's log: {kept}" if kept else None) from None
+        timings["restore_s"] = time.monotonic() - t0
+        undo.pop_all()
+    shutil.rmtree(work, ignore_errors=True)
+    timings["total_s"] = time.monotonic() - started
+    return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
+
+
+def _base_image(client: Client, metadata: CheckpointMetadata, progress: Progress) -> BaseImage:
+    """The checkpoint's base image, present in containerd with the same layers."""
+    recorded = metadata.image
+    if recorded is None:
+        raise RestoreError("the checkpoint records no base image")
+    progress.step(f"preparing the base image {recorded.name}")
+    try:
+        present = containerd_image.image_chain(client, recorded.name)
+    except NotFound:
+        raise RestoreError(f"the base image {recorded.name} is not in containerd",
+                           hint=f"pull it first (ctr images pull {recorded.name})") from None
+    if present.chain_id != recorded.chain_id:
+        raise RestoreError(f"the image {recorded.name} in containerd has other layers than "
+                           f"the checkpoint's base ({recorded.manifest.digest})")
+    return present
+
+
+def rewrite_spec(spec: dict[str, Any], old_id: str, new_id: str,
                  options: RestoreOptions) -> dict[str, Any]:
+    """The checkpoint's spec for the new container: its cgroup path under the new name, the
+    network namespace and volume sources asked for, the add-addresses request."""
     spec = json.loads(json.dumps(spec))
     linux = spec.setdefault("linux", {})
     cgroups = linux.get("cgroupsPath")
@@ -83,107 +238,21 @@ def rewrite_spec(spec: dict[str, Any], old_id: str, new_id: str, namespace: str,
             mount["source"] = options.volumes[destination]
     annotations = spec.setdefault("annotations", {})
     if options.add_addresses:
-        annotations[ADD_ADDRESSES] = "true"
+        annotations[ann.RESTORE_ADD_ADDRESSES] = "true"
     if spec.get("process", {}).get("terminal"):
         raise RestoreError("the checkpointed container has a terminal (tty): torpor restores "
                            "containers without one")
     return spec
 
 
-def _sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
-
-
-def apply_rootfs_diff(client: Client, path: str, mounts: list[types_pb2.Mount]) -> None:
-    size = os.path.getsize(path)
-    digest = _sha256_file(path)
-    client.write_file(f"torpor-rootfs-{digest}", path, size, digest)
-    client.apply_diff(types_pb2.Descriptor(media_type=LAYER_TAR, digest=digest, size=size), mounts)
-
-
-def restore(client: Client, directory: str, options: RestoreOptions, cfg: Config,
-            progress: Progress = lambda step: None,
-            rootfs_image: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Restore from the checkpoint directory `directory`. `rootfs_image` (an image_chain) is an
-    image in containerd that already holds the read-write layer (a checkpoint image's runnable
-    manifest); without it, the base image plus the directory's rootfs-diff.tar are used."""
-    started = time.time()
-    directory = os.path.abspath(directory)
-    progress(f"checking {directory}")
-    metadata = checkpoint_dir.load(directory)
-    original = metadata["container"]
-    name = options.name or original["id"]
-    try:
-        client.get_container(name)
-        raise AlreadyExists(f"container {name} already exists",
-                            hint="restore under another --name, or delete it first")
-    except NotFound:
-        pass
-    snapshotter = original.get("snapshotter") or "overlayfs"
-    image = metadata.get("image")
-    if not image:
-        raise RestoreError("the checkpoint records no base image")
-    if rootfs_image is not None:
-        present, image = rootfs_image, rootfs_image
-    else:
-        progress(f"preparing the base image {image['name']}")
-        try:
-            present = containerd_image.image_chain(client, image["name"])
-        except NotFound:
-            raise RestoreError(f"the base image {image['name']} is not in containerd",
-                               hint=f"pull it first (ctr images pull {image['name']})") from None
-        if present["chain_id"] != image["chain_id"]:
-            raise RestoreError(f"the image {image['name']} in containerd has other layers than "
-                               f"the checkpoint's base ({image['manifest']['digest']})")
-    spec = rewrite_spec(original["spec"], original["id"], name, client.namespace, options)
-    binary = options.runtime_binary or default_runtime_binary()
-    runtime = original.get("runtime") or {}
-    work = os.path.join(cfg.runtime_state_dir, "restore-work",
-                        f"{client.namespace}-{name}-{secrets.token_hex(3)}")
-    log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
-    with contextlib.ExitStack() as undo, client.lease():
-        containerd_image.ensure_unpacked(client, snapshotter, present)
-        progress("preparing the container's root filesystem")
-        mounts = client.prepare_snapshot(snapshotter, name, image["chain_id"])
-        undo.callback(_quietly, client.remove_snapshot, snapshotter, name)
-        diff = os.path.join(directory, checkpoint_dir.ROOTFS_DIFF)
-        if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
-            apply_rootfs_diff(client, diff, mounts)
-        common = {"binary_name": binary, "root": runtime.get("root", ""),
-                  "systemd_cgroup": bool(runtime.get("systemd_cgroup"))}
-        labels = dict(original.get("labels") or {})
-        labels[RESTORED_FROM] = directory
-        client.create_container(containers_pb2.Container(
-            id=name, image=image["name"], labels=labels, snapshotter=snapshotter,
-            snapshot_key=name,
-            runtime=containers_pb2.Container.Runtime(name="io.containerd.runc.v2",
-                                                     options=runc_options(**common)),
-            spec=pack_any(SPEC_TYPE_URL, json.dumps(spec).encode())))
-        undo.callback(_quietly, client.delete_container, name)
-        os.makedirs(work, mode=0o700, exist_ok=True)
-        undo.callback(shutil.rmtree, work, True)
-        progress("restoring the task (torpor-runc, CRIU)")
-        t0 = time.time()
-        client.create_task(tasks_pb2.CreateTaskRequest(
-            container_id=name, rootfs=mounts, stdout=log_uri, stderr=log_uri,
-            options=runc_options(**common, criu_image_path=os.path.join(
-                directory, checkpoint_dir.CRIU_DIR), criu_work_path=work)))
-        undo.callback(_quietly, client.delete_task, name)
-        try:
-            pid = client.start_task(name)
-        except Exception as e:
-            kept = _keep_restore_log(cfg, client.namespace, name, work)
-            raise RestoreError(f"restoring {name} failed: {e}",
-                               hint=f"CRIU's log: {kept}" if kept else None) from None
-        restore_s = time.time() - t0
-        undo.pop_all()
-    shutil.rmtree(work, ignore_errors=True)
-    return {"name": name, "pid": pid, "namespace": client.namespace, "log": log_uri,
-            "timings": {"restore_s": restore_s, "total_s": time.time() - started}}
+def default_runtime_binary() -> str:
+    here = os.path.join(os.path.dirname(os.path.realpath(sys.argv[0])), "torpor-runc")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("torpor-runc")
+    if not found:
+        raise RestoreError("torpor-runc not found on this node", hint="pass --runtime-binary")
+    return os.path.abspath(found)
 
 
 def _default_log_uri(cfg: Config, namespace: str, name: str) -> str:

@@ -19,7 +19,6 @@ client, blob_upload, blob_download, layout, push, pull. See docs/registry.md.
 """
 
 from torpor.registry.options import RegistryOptions
-from torpor.registry.progress import ProgressCallback
 from torpor.registry.pull import Layer, PulledManifest, PullPlan, PullResult, fetch_metadata, pull
 from torpor.registry.push import EarlyBlobs, PushResult, push_layout
 from torpor.registry.reference import Reference, parse_reference
@@ -27,7 +26,6 @@ from torpor.registry.reference import Reference, parse_reference
 __all__ = [
     "EarlyBlobs",
     "Layer",
-    "ProgressCallback",
     "PullPlan",
     "PullResult",
     "PulledManifest",

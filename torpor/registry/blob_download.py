@@ -17,8 +17,8 @@ from pathlib import Path
 
 from torpor.errors import ImageError
 from torpor.formats.digests import new_hasher, verify_hasher
+from torpor.formats.oci import Descriptor
 from torpor.registry.client import RepositoryClient
-from torpor.registry.descriptors import Descriptor
 from torpor.registry.http_errors import TransientError
 from torpor.registry.layout import Layout
 from torpor.registry.transport import backoff_delays, sleep

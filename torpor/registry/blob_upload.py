@@ -19,8 +19,8 @@ from pathlib import Path
 
 from torpor.errors import ImageError, RegistryError
 from torpor.formats.digests import Hasher, new_hasher, verify_hasher
+from torpor.formats.oci import Descriptor
 from torpor.registry.client import RepositoryClient, UploadStart, range_end
-from torpor.registry.descriptors import Descriptor
 from torpor.registry.http_errors import TransientError
 from torpor.registry.response import BUFFER_SIZE
 from torpor.registry.session import FileBody

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urljoin
 
 from torpor.errors import RegistryError
+from torpor.formats import mediatypes
 from torpor.formats.digests import sha256_digest, verify_bytes
-from torpor.registry import mediatypes
+from torpor.registry import manifests
 from torpor.registry.response import Response
 from torpor.registry.session import FileBody, RegistrySession
 
@@ -112,7 +113,7 @@ class RepositoryClient:
         else:
             digest = sha256_digest(body)
         generic = said_type in ("", "application/json", "text/plain", "application/octet-stream")
-        return FetchedManifest(body, mediatypes.manifest_media_type(body, None if generic else said_type),
+        return FetchedManifest(body, manifests.manifest_media_type(body, None if generic else said_type),
                                digest)
 
     def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:

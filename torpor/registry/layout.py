@@ -14,9 +14,10 @@ from typing import Any
 
 from torpor.atomicfile import write_atomic
 from torpor.errors import ImageError
+from torpor.formats import mediatypes
 from torpor.formats.digests import new_hasher, split_digest, verify_bytes
-from torpor.registry import mediatypes
-from torpor.registry.descriptors import Descriptor
+from torpor.formats.oci import Descriptor
+from torpor.registry import manifests
 
 REF_NAME = "org.opencontainers.image.ref.name"
 FILE_MODE = 0o600
@@ -72,7 +73,7 @@ class Layout:
             body = path.read_bytes()
         except FileNotFoundError:
             raise ImageError(f"{self.root} is not an OCI image layout: it has no index.json") from None
-        return mediatypes.parse_manifest(body, f"{path}")
+        return manifests.parse_manifest(body, f"{path}")
 
     def index_entries(self) -> list[Descriptor]:
         entries = self.read_index().get("manifests", [])

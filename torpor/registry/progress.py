@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-ProgressCallback = Callable[[int, int], None]
+from torpor.reporting import ByteProgress
 
 
 class TransferProgress:
-    def __init__(self, total: int, callback: ProgressCallback | None) -> None:
+    def __init__(self, total: int, callback: ByteProgress | None) -> None:
         self.total, self._callback = total, callback
         self._lock = threading.Lock()
         self._furthest: dict[str, int] = {}

@@ -24,16 +24,19 @@ from types import TracebackType
 from typing import Any
 
 from torpor.errors import ImageError
+from torpor.formats import mediatypes
 from torpor.formats.digests import verify_bytes
-from torpor.registry import mediatypes
+from torpor.formats.oci import Descriptor
+from torpor.registry import manifests
 from torpor.registry.blob_download import download_blob
 from torpor.registry.client import RepositoryClient
-from torpor.registry.descriptors import Descriptor, ManifestContents, manifest_contents
+from torpor.registry.descriptors import ManifestContents, manifest_contents
 from torpor.registry.layout import Layout
 from torpor.registry.options import RegistryOptions
-from torpor.registry.progress import ProgressCallback, TransferProgress
+from torpor.registry.progress import TransferProgress
 from torpor.registry.reference import Reference, parse_reference
 from torpor.registry.session import RegistrySession
+from torpor.reporting import ByteProgress
 
 MAX_DEPTH = 8
 
@@ -97,7 +100,7 @@ class PullPlan:
         return list(found.values())
 
     def download(self, layout_dir: Path | str, layers: Iterable[Layer] | None = None,
-                 progress: ProgressCallback | None = None) -> PullResult:
+                 progress: ByteProgress | None = None) -> PullResult:
         """Write the metadata and `layers` (all when None) into `layout_dir`."""
         chosen = self.layers if layers is None else list(layers)
         chosen_digests = {layer.descriptor.digest for layer in chosen}
@@ -157,7 +160,7 @@ class PullPlan:
         return large
 
     def _fetch(self, layout: Layout, blobs: list[Descriptor], added: list[Path],
-               callback: ProgressCallback | None) -> list[Descriptor]:
+               callback: ByteProgress | None) -> list[Descriptor]:
         progress = TransferProgress(sum(b.size for b in blobs), callback)
         parallel = max(1, self._session.options.parallel)
         largest_first = sorted(blobs, key=lambda b: b.size, reverse=True)
@@ -194,7 +197,7 @@ def fetch_metadata(reference: Reference | str, options: RegistryOptions | None =
 
 
 def pull(reference: Reference | str, layout_dir: Path | str, *, want: Callable[[Layer], bool] | None = None,
-         options: RegistryOptions | None = None, progress: ProgressCallback | None = None) -> PullResult:
+         options: RegistryOptions | None = None, progress: ByteProgress | None = None) -> PullResult:
     """Both phases: `want(layer)` chooses the layers to download (all when None); it may raise to
     stop the pull before anything large is downloaded or anything is written."""
     with fetch_metadata(reference, options) as plan:
@@ -208,7 +211,7 @@ def _visit(repo: RepositoryClient, options: RegistryOptions, descriptor: Descrip
         raise ImageError(f"indexes under {repo.repository} nest deeper than {MAX_DEPTH} levels")
     what = f"manifest {repo.repository}@{descriptor.digest}"
     try:
-        document = mediatypes.parse_manifest(body, what)
+        document = manifests.parse_manifest(body, what)
         contents = manifest_contents(document, descriptor.media_type, what)
     except ImageError:
         if descriptor.media_type in mediatypes.MANIFEST_TYPES or parent is None:

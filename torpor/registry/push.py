@@ -19,16 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torpor.errors import ImageError, RegistryError
+from torpor.formats import mediatypes
 from torpor.formats.digests import sha256_digest
-from torpor.registry import mediatypes
+from torpor.formats.oci import Descriptor
+from torpor.registry import manifests
 from torpor.registry.blob_upload import Outcome, push_blob
 from torpor.registry.client import RepositoryClient
-from torpor.registry.descriptors import Descriptor, ManifestContents, manifest_contents
+from torpor.registry.descriptors import ManifestContents, manifest_contents
 from torpor.registry.layout import REF_NAME, Layout
 from torpor.registry.options import RegistryOptions
-from torpor.registry.progress import ProgressCallback, TransferProgress
+from torpor.registry.progress import TransferProgress
 from torpor.registry.reference import Reference, parse_reference
 from torpor.registry.session import RegistrySession
+from torpor.reporting import ByteProgress
 
 MAX_DEPTH = 8
 
@@ -53,7 +56,7 @@ class LayoutManifest:
 
 def push_layout(layout_dir: Path | str, reference: Reference | str, *,
                 options: RegistryOptions | None = None, mount_from: Sequence[str] = (),
-                progress: ProgressCallback | None = None) -> PushResult:
+                progress: ByteProgress | None = None) -> PushResult:
     """Copy the image that `layout_dir`'s index.json names to `reference` (tag `latest` if none).
 
     index.json with one entry pushes that entry; with several, the one whose
@@ -116,7 +119,7 @@ def walk(layout: Layout, top: LayoutManifest,
 
 def _read_manifest(layout: Layout, descriptor: Descriptor, limit: int) -> LayoutManifest:
     body = layout.read_small(descriptor, limit, "manifest")
-    document = mediatypes.parse_manifest(body, f"manifest {descriptor.digest}")
+    document = manifests.parse_manifest(body, f"manifest {descriptor.digest}")
     return LayoutManifest(descriptor, body, manifest_contents(document, descriptor.media_type,
                                                               f"manifest {descriptor.digest}"))
 
@@ -131,13 +134,13 @@ def _select_top(layout: Layout, ref: Reference, limit: int) -> LayoutManifest:
     body = (layout.root / "index.json").read_bytes()
     if len(body) > limit:
         raise ImageError(f"{layout.root}/index.json is larger than the manifest limit of {limit} bytes")
-    document = mediatypes.parse_manifest(body, f"{layout.root}/index.json")
+    document = manifests.parse_manifest(body, f"{layout.root}/index.json")
     descriptor = Descriptor(mediatypes.OCI_INDEX, sha256_digest(body), len(body))
     return LayoutManifest(descriptor, body, manifest_contents(document, mediatypes.OCI_INDEX, "index.json"))
 
 
 def _push_blobs(repo: RepositoryClient, layout: Layout, blobs: dict[str, Descriptor], mount_from: list[str],
-                parallel: int, callback: ProgressCallback | None) -> dict[str, Outcome]:
+                parallel: int, callback: ByteProgress | None) -> dict[str, Outcome]:
     progress = TransferProgress(sum(b.size for b in blobs.values()), callback)
     largest_first = sorted(blobs.values(), key=lambda b: b.size, reverse=True)
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="torpor-push") as pool:

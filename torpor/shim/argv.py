@@ -26,6 +26,22 @@ COMMAND_VALUE_FLAGS: dict[str, frozenset[str]] = {
 }
 
 
+def subcommand(argv: list[str]) -> str | None:
+    """The runc subcommand in argv, stepping over global flags and their values: all the fast
+    path needs to decide between passing through and intercepting."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if not arg.startswith("-") or arg == "-":
+            return arg
+        if "=" not in arg and arg.lstrip("-") in GLOBAL_VALUE_FLAGS:
+            i += 1
+        i += 1
+    return None
+
+
 def _split(arg: str) -> tuple[str, str | None]:
     """'--log=x' -> ('log', 'x'); '-no-subreaper' -> ('no-subreaper', None)."""
     body = arg[2:] if arg.startswith("--") else arg[1:]

@@ -3,18 +3,17 @@
 The steps, in order; each undoes itself if a later one fails (an ExitStack), so a failed or
 interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
 
- 1. read the container (runc state, its spec, its cgroup) and the request (`torpor
-    checkpoint`'s options, left in the state dir; else the annotation, else the config); a
-    request may send CRIU's images to its own directory instead of the one containerd made;
+ 1. read the container (runc state, its spec, its cgroup) and the request `torpor checkpoint`
+    left in the state dir (else the annotations, else the config); a request may send CRIU's
+    images to its own directory instead of the one containerd made;
  2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
     undo: restore and unlock. The container must not be frozen while this runs;
  3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
  4. freeze the container (unless containerd already paused it), so that the files saved next
     match the memory CRIU dumps; undo: thaw;
- 5. files: the read-write layer (overlay upperdir, as an OCI layer), bind-mounted volumes and a
-    bind-mounted /dev/shm, per policy;
+ 5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
  6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container;
- 7. write torpor/state.json, the CRIU flags in force included, so restore can put them back;
+ 7. write torpor/state.json, the CRIU options in force included, so restore can put them back;
  8. with --leave-running: thaw (if we froze), then GPU restore and unlock.
 """
 
@@ -24,35 +23,22 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torpor
-from torpor.capture import records
-from torpor.capture.freezer import Cgroup
+from torpor.capture import files, netns, processes, records
+from torpor.capture.freezer import Cgroup, frozen
 from torpor.errors import CriuError
-from torpor.shim import capture, criu_log, image_dir, interrupt, runc, spec
+from torpor.formats import names
+from torpor.formats import state as container_state
+from torpor.formats.gpu import GpuState
+from torpor.shim import criu_log, interrupt, runc, spec
 from torpor.shim.argv import Invocation
-from torpor.shim.guardian import Guardian
+from torpor.shim.criu_flags import criu_options, default_flags
+from torpor.shim.guardian import Guardian, Pending
 
 if TYPE_CHECKING:
     from torpor.shim.main import Context
-
-@contextlib.contextmanager
-def frozen(cgroup: Cgroup, log: Any) -> Iterator[bool]:
-    """Freeze for the block unless already frozen (containerd paused it); yields whether we did."""
-    if cgroup.is_frozen():
-        yield False
-        return
-    cgroup.freeze()
-    try:
-        yield True
-    finally:
-        if os.path.isdir(cgroup.path):  # gone after a checkpoint that stopped the container
-            try:
-                cgroup.thaw()
-            except OSError as e:
-                log.warning(f"could not thaw {cgroup.path}: {e}")
 
 
 def run(ctx: Context) -> int:
@@ -62,49 +48,45 @@ def run(ctx: Context) -> int:
     container_id = inv.container_id or ""
     started = time.monotonic()
     timings: dict[str, float] = {}
+
+    # 1. the container and the request
     current = runc.state(ctx.runtime, inv, container_id)
-    pid, bundle = int(current["pid"]), current["bundle"]
+    pid, bundle = int(current["pid"]), str(current["bundle"])
     config = spec.load(bundle)
     request = records.take_request(records.record_dir(ctx.cfg.runtime_state_dir, bundle,
                                                       container_id))
-    image_path = (request.get("image_path") or inv.flag("image-path")
+    image_path = ((request.image_path if request else None) or inv.flag("image-path")
                   or os.path.join(os.getcwd(), "checkpoint"))
-    argv = inv.with_flag_value("image-path", image_path) if request.get("image_path") else inv.argv
-    defaults = capture.default_flags(ctx, inv, config)
-    if defaults:
-        argv = Invocation(argv).with_flags(defaults)
-    os.makedirs(image_path, mode=0o700, exist_ok=True)
-    out_dir = image_dir.ensure(image_path)
-    chosen = capture.policy(ctx, request, config)
+    argv = inv.with_flag_value("image-path", image_path) if request and request.image_path \
+        else inv.argv
+    argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config))
+    criu = criu_options(Invocation(argv))
+    os.makedirs(os.path.join(image_path, names.STATE_DIR), mode=0o700, exist_ok=True)
+    out_dir = os.path.join(image_path, names.STATE_DIR)
+    policy = files.choose_policy(request, config, ctx.cfg)
     cgroup = Cgroup.of_pid(pid)
-    flags = capture.criu_flags(Invocation(argv))
-    state: dict[str, Any] = {
-        "format": image_dir.FORMAT,
-        "torpor_version": torpor.__version__,
-        "container_id": container_id,
-        "init_pid": pid,
-        "criu_flags": flags,
-        "policy": chosen,
-    }
+
     guardian = Guardian().start(lambda s: rollback(ctx, s))
     with contextlib.ExitStack() as undo, interrupt.interruptible():
         undo.callback(guardian.release)
+        # 2. GPU
         t = time.monotonic()
-        state["gpu"] = gpu_suspend(ctx, undo, cgroup, guardian, flags["leave-running"])
+        gpu = gpu_suspend(ctx, undo, cgroup, guardian, criu.leave_running)
         timings["gpu_checkpoint_s"] = time.monotonic() - t
 
+        # 3. network
         t = time.monotonic()
-        state["network"] = capture.network_state(config, pid)
-        state["mounts"] = config.get("mounts", [])
-        state["processes"] = capture.process_tree(cgroup.pids())
+        network = netns.capture(config, pid)
+        tree = processes.process_tree(cgroup.pids())
         timings["network_s"] = time.monotonic() - t
 
+        # 4. freeze, 5. files, 6. runc checkpoint; thawed as soon as runc is done
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
                       thaw=not cgroup.is_frozen())
-        with frozen(cgroup, ctx.log) as we_froze:  # thawed as soon as runc is done
+        with frozen(cgroup, ctx.log) as we_froze:
             interrupt.hold(ctx, "frozen")
             t = time.monotonic()
-            state["files"] = capture.save_files(ctx, pid, config, chosen, out_dir)
+            saved = files.save(pid, config, policy, out_dir, ctx.log)
             timings["files_s"] = time.monotonic() - t
             t = time.monotonic()
             code, output = run_runc(ctx, argv, guardian)
@@ -119,13 +101,16 @@ def run(ctx: Context) -> int:
             raise error
         os.write(1, output)
 
-        state["timings"] = {**timings, "total_s": time.monotonic() - started}
-        state["frozen_by_torpor"] = we_froze
-        image_dir.write_json(os.path.join(out_dir, image_dir.STATE), state)
-        if not flags["leave-running"]:
+        # 7. state.json, last: its presence means torpor-runc finished
+        container_state.write(image_path, container_state.ContainerState(
+            torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
+            criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
+            timings={**timings, "total_s": time.monotonic() - started},
+            frozen_by_torpor=we_froze))
+        if not criu.leave_running:
             undo.pop_all()  # the container is gone: nothing to thaw or resume
             guardian.release()
-        # leaving the block restores and unlocks the GPUs (leave-running)
+        # 8. leaving the block restores and unlocks the GPUs (leave-running)
     return 0
 
 
@@ -149,19 +134,19 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, by
     return proc.returncode, output
 
 
-def rollback(ctx: Context, state: dict[str, Any]) -> None:
+def rollback(ctx: Context, pending: Pending) -> None:
     """In the guardian, after torpor-runc died: thaw what we froze, resume the GPUs."""
-    if state.get("cgroup") and state.get("thaw"):
+    if pending.cgroup and pending.thaw:
         with contextlib.suppress(OSError):
-            Cgroup(state["cgroup"], int(state["cgroup_version"])).thaw()
-    if state.get("gpu_pids"):
+            Cgroup(pending.cgroup, pending.cgroup_version).thaw()
+    if pending.gpu_pids:
         from torpor.gpu import session
 
-        session.rollback(ctx.cfg, state["gpu_pids"], ctx.log)
+        session.rollback(ctx.cfg, pending.gpu_pids, ctx.log)
 
 
 def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardian: Guardian,
-                leave_running: bool) -> dict[str, Any] | None:
+                leave_running: bool) -> GpuState | None:
     """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`."""
     from torpor.gpu import session
 
@@ -173,4 +158,3 @@ def runc_exec(ctx: Context) -> None:
     from torpor.shim import lowlevel
 
     lowlevel.exec_runtime(ctx.runtime, ctx.inv.argv)
-

@@ -14,7 +14,25 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Pending:
+    """What the guardian would undo, as torpor-runc has told it so far."""
+
+    cgroup: str = ""              # the cgroup torpor-runc froze
+    cgroup_version: int = 0
+    thaw: bool = False            # whether it must be thawed (torpor froze it)
+    runc_pid: int = 0             # runc checkpoint, which must end before anything is undone
+    gpu_pids: list[int] = field(default_factory=list)   # CUDA processes locked
+
+    def update(self, told: dict[str, Any]) -> None:
+        for key, value in told.items():
+            if key in self.__dataclass_fields__:
+                setattr(self, key, value)
 
 
 class Guardian:
@@ -22,14 +40,14 @@ class Guardian:
         self.pid = 0
         self._write = -1
 
-    def start(self, undo: Any) -> Guardian:
+    def start(self, undo: Callable[[Pending], None]) -> Guardian:
         """Fork the guardian; `undo(state)` runs in it if torpor-runc dies without `done`."""
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guardian
             os.close(write)
             _detach_stdio()
-            state: dict[str, Any] = {}
+            state = Pending()
             buffer = b""
             while True:
                 chunk = os.read(read, 4096)
@@ -41,7 +59,7 @@ class Guardian:
                     if line == b"done":
                         os._exit(0)
                     state.update(json.loads(line))
-            _wait_gone(state.get("runc_pid"))
+            _wait_gone(state.runc_pid)
             try:
                 undo(state)
             finally:

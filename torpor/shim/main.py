@@ -5,9 +5,10 @@ the subcommands in DISPATCH get torpor's treatment (spec modifiers, checkpoint a
 steps), and every other call is `execve`d to the low-level runtime untouched, so argv, stdio,
 inherited fds, signals and the exit status stay runc's.
 
-This module is the fast path: it imports `os`, `sys` and `torpor.shim.lowlevel` and nothing else
-before the decision (each extra module costs about a millisecond on every container operation).
-Configuration, the full argv scan and the error tree are imported only when they are needed.
+This module is the fast path: it imports `os`, `sys`, `torpor.shim.lowlevel` and the argv scan
+(`torpor.shim.argv`, stdlib only) and nothing else before the decision (each extra module costs
+about a millisecond on every container operation). Configuration and the error tree are
+imported only when they are needed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 
 from torpor.shim import lowlevel
+from torpor.shim.argv import subcommand
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,25 +31,6 @@ DISPATCH = {
     "checkpoint": "torpor.shim.checkpoint_cmd",
     "restore": "torpor.shim.restore_cmd",
 }
-
-# runc's global flags that take a value (runc 1.1 main.go); the same set as argv.GLOBAL_VALUE_FLAGS.
-_GLOBAL_VALUE_FLAGS = ("root", "log", "log-format", "criu", "rootless")
-
-
-def subcommand(argv: list[str]) -> str | None:
-    """The runc subcommand in argv, stepping over global flags and their values."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--":
-            return argv[i + 1] if i + 1 < len(argv) else None
-        if not arg.startswith("-") or arg == "-":
-            return arg
-        if "=" not in arg and arg.lstrip("-") in _GLOBAL_VALUE_FLAGS:
-            i += 1
-        i += 1
-    return None
-
 
 def _config_runtime() -> tuple[str, Config | None]:
     """runc's name or path from the config; no file means "runc", and plain files are read

@@ -60,22 +60,6 @@ def _is_ours(hook: Any) -> bool:
     return isinstance(args, list) and bool(args) and args[0] == HOOK_MARKER
 
 
-class AnnotationModifier:
-    """Sets annotations, leaving every other annotation alone."""
-
-    def __init__(self, values: dict[str, str]):
-        self.values = values
-
-    def modify(self, spec: Spec) -> bool:
-        annotations = spec.setdefault("annotations", {})
-        changed = False
-        for key, value in self.values.items():
-            if annotations.get(key) != value:
-                annotations[key] = value
-                changed = True
-        return changed
-
-
 def apply(spec: Spec, modifiers: list[SpecModifier]) -> bool:
     changed = False
     for modifier in modifiers:

@@ -26,42 +26,32 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from torpor import archive
-from torpor.capture import netns, records, volumes
+from torpor.capture import files, netns, records
 from torpor.capture.freezer import Cgroup
-from torpor.errors import RestoreError
-from torpor.shim import criu_log, image_dir, lowlevel, modifiers, runc, spec
-from torpor.shim.capture import CRIU_FLAGS
+from torpor.errors import FormatError, RestoreError
+from torpor.formats import annotations as ann
+from torpor.formats import names
+from torpor.formats import state as container_state
+from torpor.formats.state import ContainerState
+from torpor.shim import criu_log, lowlevel, modifiers, runc, spec
 from torpor.shim.create_cmd import spec_modifiers
 
 if TYPE_CHECKING:
     from torpor.shim.main import Context
 
-ADD_ADDRESSES = "io.torpor.restore.add-addresses"
 
-
-def read_state(image_path: str) -> dict[str, Any] | None:
+def read_state(image_path: str) -> ContainerState | None:
     try:
-        state = image_dir.read_state(image_path)
-    except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise RestoreError(f"{image_path}/torpor/state.json is unreadable: {e}") from None
-    if state is not None and state.get("format") != image_dir.FORMAT:
-        raise RestoreError(f"{image_path}/torpor/state.json has format {state.get('format')!r}, "
-                           f"this torpor reads {image_dir.FORMAT!r}")
-    return state
+        return container_state.read(image_path)
+    except FormatError as e:
+        raise RestoreError(str(e)) from None
 
 
-def extra_flags(inv: Any, state: dict[str, Any]) -> list[str]:
-    recorded = state.get("criu_flags") or {}
-    return [f"--{flag}" for flag in CRIU_FLAGS if recorded.get(flag) and not inv.has(flag)]
-
-
-def prepare_network(ctx: Context, config: dict[str, Any], state: dict[str, Any],
-                    plan_path: str) -> None:
-    network = state.get("network") or {}
-    needed = netns.needed_addresses(network.get("sockets") or [])
-    add = (config.get("annotations") or {}).get(ADD_ADDRESSES, "").lower() == "true"
-    path = records.explicit_netns(config)
+def prepare_network(spec_doc: dict[str, Any], state: ContainerState, plan_path: str) -> None:
+    network = state.network
+    needed = netns.needed_addresses(network.sockets)
+    add = (spec_doc.get("annotations") or {}).get(ann.RESTORE_ADD_ADDRESSES, "").lower() == "true"
+    path = netns.spec_netns_path(spec_doc)
     if path:
         if not os.path.exists(path):
             raise RestoreError(f"the network namespace {path} in the spec does not exist")
@@ -70,45 +60,21 @@ def prepare_network(ctx: Context, config: dict[str, Any], state: dict[str, Any],
             raise RestoreError(
                 f"the network namespace {path} lacks the addresses the checkpointed sockets are "
                 f"bound to: {', '.join(missing)}",
-                hint=f"give the namespace these addresses, or set the annotation {ADD_ADDRESSES}"
-                "=true (torpor restore --add-addresses) to add them")
+                hint=f"give the namespace these addresses, or set the annotation "
+                f"{ann.RESTORE_ADD_ADDRESSES}=true (torpor restore --add-addresses) to add them")
         if missing:
-            netns.add_addresses(path, missing, network.get("config") or {})
+            netns.add_addresses(path, missing, network.config)
         return
-    plan = netns.restore_plan(network.get("config") or {})
-    lo_only = {a["address"] for a in plan["addresses"]}
-    foreign = [a for a in needed if a not in lo_only]
+    plan = netns.restore_plan(network.config)
+    on_lo = {a.address for a in plan.addresses}
+    foreign = [a for a in needed if a not in on_lo]
     if foreign and not add:
         raise RestoreError(
             f"the checkpointed sockets are bound to {', '.join(foreign)}, which a new network "
             "namespace will not have",
             hint="restore into a namespace that has them (a netns path in the spec), or set "
-            f"{ADD_ADDRESSES}=true to add them on lo")
-    for address in foreign:
-        plan["addresses"].append({"ifname": "lo", "address": address,
-                                  "prefixlen": 128 if ":" in address else 32})
-    netns.write_restore_plan(plan_path, plan)
-
-
-def restore_files(config: dict[str, Any], bundle: str, image_path: str,
-                  files: dict[str, Any]) -> None:
-    torpor_dir = image_dir.state_dir(image_path)
-    diff = os.path.join(torpor_dir, image_dir.ROOTFS_DIFF)
-    if files.get("rootfs") and os.path.exists(diff):
-        root = (config.get("root") or {}).get("path") or "rootfs"
-        archive.extract(diff, os.path.join(bundle, root), mode="layer")
-    sources = {str(m.get("destination", "")).rstrip("/") or "/": m.get("source")
-               for m in config.get("mounts") or [] if volumes.is_bind(m)}
-    saved = list(files.get("volumes") or [])
-    if files.get("dev_shm"):
-        saved.append(files["dev_shm"])
-    for entry in saved:
-        volume = volumes.Volume(**entry)
-        source = sources.get(volume.destination)
-        if not source:
-            raise RestoreError(f"the checkpoint saved volume {volume.destination}, but the "
-                               "restore-time spec has no bind mount there")
-        volumes.restore(volume, torpor_dir, source)
+            f"{ann.RESTORE_ADD_ADDRESSES}=true to add them on lo")
+    netns.write_restore_plan(plan_path, netns.restore_plan(network.config, extra=foreign))
 
 
 def run(ctx: Context) -> int:
@@ -118,6 +84,8 @@ def run(ctx: Context) -> int:
     container_id = inv.container_id or ""
     bundle = inv.flag("bundle", "b") or os.getcwd()
     image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
+
+    # 1. hooks, 2. torpor's state
     config = spec.load(bundle)
     changed = modifiers.apply(config, spec_modifiers(ctx))
     state = read_state(image_path)
@@ -128,25 +96,30 @@ def run(ctx: Context) -> int:
     assert state is not None
     from torpor.gpu import session
 
-    session.check_before_restore(ctx.cfg, state.get("gpu"))
+    # 4. GPU: refuse early
+    session.check_before_restore(ctx.cfg, state.gpu)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
-    plan_path = os.path.join(record, "restore-net.json")
+    plan_path = os.path.join(record, names.RESTORE_PLAN)
     with contextlib.ExitStack() as undo:
         undo.callback(_unlink, plan_path)
-        prepare_network(ctx, config, state, plan_path)
-        restore_files(config, bundle, image_path, state.get("files") or {})
+        # 5. network, 6. files
+        prepare_network(config, state, plan_path)
+        files.restore(config, bundle, image_path, state.files)
         if changed:
             spec.flush(bundle, config)
-        code = runc.run(ctx.runtime, inv.with_flags(extra_flags(inv, state)))
+        # 3. + 7. runc restore with the flags containerd dropped
+        extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
+        code = runc.run(ctx.runtime, inv.with_flags(extra))
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "restore.log")
             raise RestoreError(f"runc restore failed (exit {code})"
                                + (f": {reason}" if reason else ""),
                                hint=f"CRIU's log: {log_path}" if log_path else None)
-        if state.get("gpu"):
+        # 8. GPU restore and unlock; a failure removes the restored container
+        if state.gpu is not None:
             undo.callback(_kill_on_failure, ctx, container_id)
             pid = _read_pid(inv.flag("pid-file"))
-            session.resume_after_restore(ctx.cfg, state["gpu"], Cgroup.of_pid(pid), ctx.log)
+            session.resume_after_restore(ctx.cfg, state.gpu, Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
     _unlink(plan_path)
     drop_containerd_copy(image_path)
@@ -190,4 +163,3 @@ def _kill_on_failure(ctx: Context, container_id: str) -> None:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-

@@ -1,4 +1,4 @@
-"""Media types torpor must tell apart; every other type is an opaque blob, copied as is."""
+"""Manifests as the registry client meets them: which kind a body is, and parsing it safely."""
 
 from __future__ import annotations
 
@@ -6,20 +6,7 @@ import json
 from typing import Any
 
 from torpor.errors import ImageError
-
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-OCI_LAYOUT_VERSION = '{"imageLayoutVersion":"1.0.0"}'
-
-INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_LIST})
-IMAGE_MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
-MANIFEST_TYPES = INDEX_TYPES | IMAGE_MANIFEST_TYPES
-
-# The Accept header of every manifest GET: distribution returns 404 for an OCI manifest unless
-# the OCI types are listed (notes/formats.md §3.2).
-MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])
+from torpor.formats.mediatypes import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST
 
 
 def is_index(media_type: str) -> bool:

@@ -8,25 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from torpor import config
+from torpor.formats.node import Requirement
 from torpor.node import facts as node
 
 CRIU_MIN = (4, 2)
 RUNC_MIN = (1, 1)
 CONTAINERD_MIN = (1, 6)
-
-
-@dataclass
-class Requirement:
-    name: str
-    status: str  # ok | warn | fail | skip
-    detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def _version_req(name: str, have: tuple[int, ...], need: tuple[int, ...], missing: str) -> Requirement:
@@ -97,4 +87,4 @@ def run(cfg: config.Config | None = None) -> tuple[list[Requirement], str]:
 
 
 def as_json(reqs: list[Requirement], verdict: str) -> dict[str, Any]:
-    return {"verdict": verdict, "requirements": [r.to_dict() for r in reqs]}
+    return {"verdict": verdict, "requirements": [r.to_json() for r in reqs]}

@@ -1,4 +1,5 @@
-"""What every torpor command gets from the top-level options, and the output helpers."""
+"""What every torpor command gets from the top-level options (Globals), how it reports progress
+(StepReporter) and prints results (tables, sizes, JSON)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from torpor.reporting import ByteProgress
+
+if TYPE_CHECKING:
+    from torpor.containerd.client import Client
 
 
 @dataclass
@@ -18,7 +24,7 @@ class Globals:
     debug: bool = False
     started: float = field(default_factory=time.monotonic)
 
-    def client(self) -> Any:
+    def client(self) -> Client:
         from torpor.containerd.client import Client
 
         return Client(self.address, self.namespace)
@@ -29,17 +35,18 @@ class Globals:
 
 
 class StepReporter:
-    """Steps as lines on stderr; on a terminal, byte transfers as one line updated in place."""
+    """torpor.reporting.Progress on a terminal: steps as lines on stderr; byte transfers as one
+    line updated in place."""
 
     def __init__(self, started: float, quiet: bool) -> None:
         self.started, self.quiet = started, quiet
         self.tty = sys.stderr.isatty() and not quiet
 
-    def __call__(self, step: str) -> None:
+    def step(self, message: str) -> None:
         if not self.quiet:
-            click.echo(f"[{time.monotonic() - self.started:5.1f}s] {step}", err=True)
+            click.echo(f"[{time.monotonic() - self.started:5.1f}s] {message}", err=True)
 
-    def transfer(self, label: str) -> Any:
+    def transfer(self, label: str) -> ByteProgress | None:
         """A (done, total) callback drawing `label 120.0 MiB / 1.0 GiB  11%`, or None."""
         if not self.tty:
             return None

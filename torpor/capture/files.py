@@ -1,0 +1,73 @@
+"""The files a checkpoint saves besides CRIU's images: which ones, and saving them while the
+container is frozen, so that they match the memory CRIU dumps.
+
+The policy, most specific first: the checkpoint request (`torpor checkpoint --volumes`), the
+container's annotation io.torpor.checkpoint.volumes, then the config (`[checkpoint]`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torpor.capture import rootfs, volumes
+from torpor.config import Config
+from torpor.formats import annotations as ann
+from torpor.formats import names
+from torpor.formats.files import FilePolicy, SavedFiles, SavedRootfs, parse_volume_policy
+from torpor.formats.request import CheckpointRequest
+from torpor.reporting import Log
+
+
+def choose_policy(request: CheckpointRequest | None, spec: dict[str, Any],
+                  cfg: Config) -> FilePolicy:
+    spec_annotations = spec.get("annotations") or {}
+    chosen = ((request.volumes if request else None)
+              or parse_volume_policy(spec_annotations.get(ann.CHECKPOINT_VOLUMES))
+              or parse_volume_policy(cfg.checkpoint_volumes) or "all")
+    dev_shm = request.dev_shm if request and request.dev_shm is not None else cfg.checkpoint_dev_shm
+    keep_rootfs = request.rootfs if request and request.rootfs is not None else cfg.checkpoint_rootfs
+    return FilePolicy(volumes=chosen, dev_shm=dev_shm, rootfs=keep_rootfs)
+
+
+def save(pid: int, spec: dict[str, Any], policy: FilePolicy, out_dir: str, log: Log) -> SavedFiles:
+    """The read-write layer (overlay upperdir, as an OCI layer), the volumes and a bind-mounted
+    /dev/shm, into `out_dir` (<image-path>/torpor/); call with the container frozen."""
+    saved_rootfs = None
+    if policy.rootfs:
+        overlay = rootfs.root_overlay(pid)
+        if overlay is None:
+            log.info("the container's root is not an overlay mount: its read-write layer is "
+                     "left to containerd's diff service")
+        else:
+            path = os.path.join(out_dir, names.ROOTFS_DIFF)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                entries = rootfs.write_layer(overlay["upperdir"], out)
+                saved_rootfs = SavedRootfs(names.ROOTFS_DIFF, entries, out.tell())
+    selected, shm = volumes.select(spec, policy.volumes, policy.dev_shm)
+    saved = tuple(volumes.save(volume, out_dir) for volume in selected)
+    return SavedFiles(rootfs=saved_rootfs, volumes=saved,
+                      dev_shm=volumes.save(shm, out_dir) if shm is not None else None)
+
+
+def restore(spec: dict[str, Any], bundle: str, image_path: str, files: SavedFiles) -> None:
+    """The read-write layer (when it travelled in the image directory, as with ctr), the
+    volumes and /dev/shm, into the restore-time rootfs and bind sources."""
+    from torpor import archive
+    from torpor.errors import RestoreError
+
+    state_dir = os.path.join(image_path, names.STATE_DIR)
+    diff = os.path.join(state_dir, names.ROOTFS_DIFF)
+    if files.rootfs and os.path.exists(diff):
+        root = (spec.get("root") or {}).get("path") or "rootfs"
+        archive.extract(diff, os.path.join(bundle, root), mode="layer")
+    sources = {str(m.get("destination", "")).rstrip("/") or "/": m.get("source")
+               for m in spec.get("mounts") or [] if volumes.is_bind(m)}
+    saved = [*files.volumes, *([files.dev_shm] if files.dev_shm else [])]
+    for volume in saved:
+        source = sources.get(volume.destination)
+        if not source:
+            raise RestoreError(f"the checkpoint saved volume {volume.destination}, but the "
+                               "restore-time spec has no bind mount there")
+        volumes.restore(volume, state_dir, source)

@@ -1,0 +1,79 @@
+"""torpor inspect DIR|REF: what a checkpoint holds."""
+
+from __future__ import annotations
+
+import click
+
+from torpor import config
+from torpor.cli.output import emit_json, human_size, table
+from torpor.cli.registry_flags import access_from, registry_options
+from torpor.ops.inspect import InspectReport, inspect
+
+
+@click.command("inspect")
+@click.argument("source", metavar="DIR|REF")
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@registry_options
+def inspect_command(source: str, as_json: bool, username: str | None, password_stdin: bool,
+                    ca_file: str | None, insecure: bool) -> None:
+    """What a checkpoint holds: processes, memory, layers, timings, node, network, mounts, GPUs.
+    A registry image is inspected from its metadata alone; no layer is downloaded."""
+    report = inspect(source, config.load(), access_from(username, password_stdin, ca_file,
+                                                        insecure))
+    if as_json:
+        emit_json(report.to_json())
+        return
+    click.echo(render(report))
+
+
+def render(report: InspectReport) -> str:
+    m = report.metadata
+    sizes, node, state = m.sizes, m.node, m.state
+    lines = [
+        f"checkpoint   {report.source} ({report.kind.value})"
+        + (f"  {report.digest}" if report.digest else ""),
+        f"container    {m.container.id}  from image {m.image.name if m.image else '-'}",
+        f"created      {m.created}  by torpor {m.torpor_version}",
+        f"memory       {human_size(sizes.memory_pages)} of pages; rootfs changes "
+        f"{human_size(sizes.rootfs_diff)}; total {human_size(sizes.total)}",
+        "timings      " + ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items()),
+        f"node         {node.architecture} kernel {node.kernel}, CRIU {node.criu_version}, runc "
+        f"{node.runc_version}, cgroup v{node.cgroup_version}, {len(node.cpu_flags)} CPU features",
+        "criu flags   " + (", ".join(state.criu.enabled()) or "-"),
+    ]
+    if state.processes:
+        lines.append("processes")
+        ns_of = {p.pid: p.ns_pid for p in state.processes}  # host pid -> the container's pid
+        lines.append(_indent(table(["PID", "PPID", "NAME", "RSS", "COMMAND"], [
+            [str(p.ns_pid), str(ns_of.get(p.ppid, 0)), p.name, human_size(p.rss_bytes),
+             " ".join(p.cmdline)[:60]] for p in state.processes])))
+    network = state.network
+    lines.append(f"network      {network.netns_path}: " + ", ".join(
+        f"{a.address}/{a.prefixlen} ({a.ifname})" for a in network.config.addresses))
+    listening = [f"{s.proto} {s.address}:{s.port} {s.state}" for s in network.sockets]
+    if listening:
+        lines.append("sockets      " + "; ".join(listening[:8]))
+    mounts = m.container.spec.get("mounts") or []
+    lines.append("mounts       " + ", ".join(f"{mount.get('destination')} ({mount.get('type')})"
+                                             for mount in mounts))
+    if state.gpu is not None:
+        from torpor.gpu.inventory import describe
+
+        pids = ", ".join(str(p.ns_pid) for p in state.gpu.processes)
+        lines.append(f"gpus         CUDA processes (container pids): {pids}")
+        if state.gpu.inventory is not None:
+            lines.extend(f"             {line}" for line in describe(state.gpu.inventory))
+    else:
+        lines.append("gpus         none")
+    if report.layers:
+        lines.append("layers")
+        lines.append(_indent(table(["MEDIA TYPE", "SIZE", "DIGEST"], [
+            [d.media_type, human_size(d.size), d.digest[:19]] for d in report.layers])))
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+COMMANDS = {"inspect": inspect_command}

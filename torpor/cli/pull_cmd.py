@@ -1,0 +1,31 @@
+"""torpor pull REF [-o DIR]: a checkpoint image into the local store."""
+
+from __future__ import annotations
+
+import click
+
+from torpor import config
+from torpor.cli.output import Globals, emit_json, human_size
+from torpor.cli.registry_flags import access_from, registry_options
+from torpor.ops.pull import pull
+
+
+@click.command("pull")
+@click.argument("ref")
+@click.option("-o", "--output", "out", metavar="DIR", help="Into this OCI layout, not the store.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
+@click.pass_obj
+def pull_command(g: Globals, ref: str, out: str | None, as_json: bool, username: str | None,
+                 password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+    """Pull the checkpoint image REF (every layer digest-checked)."""
+    result = pull(ref, config.load(), out, access_from(username, password_stdin, ca_file,
+                                                       insecure), g.progress(quiet=as_json))
+    if as_json:
+        emit_json(result.to_json())
+        return
+    click.echo(f"pulled {result.reference} ({result.container}): {result.downloaded} "
+               f"blobs, {human_size(result.bytes_downloaded)} into {result.layout}")
+
+
+COMMANDS = {"pull": pull_command}

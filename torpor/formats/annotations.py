@@ -1,0 +1,34 @@
+"""Annotation keys and labels torpor reads or writes, defined once (docs/format.md lists them).
+
+Keys on checkpoint images (index, manifests, layers), keys users put on containers to steer
+checkpoints made by ctr or nerdctl, and labels torpor puts on containerd objects. Stdlib only.
+"""
+
+from __future__ import annotations
+
+# On checkpoint images
+ROLE = "io.torpor.checkpoint.role"            # "runnable" or "state", on index entries
+CONTAINER = "io.torpor.checkpoint.container"  # the checkpointed container's id
+FORMAT = "io.torpor.checkpoint.format"        # names.CHECKPOINT_FORMAT
+PART = "io.torpor.checkpoint.part"            # "i/n" on CRIU image parts
+ROLE_RUNNABLE, ROLE_STATE = "runnable", "state"
+
+# OCI's own (image-spec annotations.md)
+CREATED = "org.opencontainers.image.created"
+REF_NAME = "org.opencontainers.image.ref.name"
+BASE_NAME = "org.opencontainers.image.base.name"
+BASE_DIGEST = "org.opencontainers.image.base.digest"
+TITLE = "org.opencontainers.image.title"
+
+# A PAX header (not an annotation) on tar entries that hold a byte range of a bigger file
+RANGE_PAX = "TORPOR.range"                    # "<offset> <total size>"
+
+# On containers: what a checkpoint started by ctr or nerdctl cannot ask for on its command line
+CHECKPOINT_VOLUMES = "io.torpor.checkpoint.volumes"            # "all", "none" or "/a,/b"
+CHECKPOINT_TCP_ESTABLISHED = "io.torpor.checkpoint.tcp-established"  # "true"
+CHECKPOINT_FILE_LOCKS = "io.torpor.checkpoint.file-locks"            # "true"
+RESTORE_ADD_ADDRESSES = "io.torpor.restore.add-addresses"            # "true"
+
+# Labels torpor puts on containerd objects
+RESTORED_FROM = "io.torpor.restored-from"     # container: the checkpoint it came from
+IMAGE_CHECKPOINT = "io.torpor.checkpoint"     # image: the checkpoint index digest it came from

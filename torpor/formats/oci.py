@@ -1,0 +1,60 @@
+"""OCI content descriptors (image-spec descriptor.md): what a manifest, an index or a layout's
+index.json says about one blob. The JSON object a descriptor came from is kept whole in `raw`,
+so platform, annotations, artifactType and unknown fields travel unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torpor.errors import ImageError
+from torpor.formats.digests import split_digest
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """A content descriptor; `raw` is the JSON object it came from (platform, annotations...)."""
+
+    media_type: str
+    digest: str
+    size: int
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        value = self.raw.get("annotations")
+        return dict(value) if isinstance(value, dict) else {}
+
+    @property
+    def platform(self) -> dict[str, Any] | None:
+        value = self.raw.get("platform")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def artifact_type(self) -> str | None:
+        value = self.raw.get("artifactType")
+        return value if isinstance(value, str) else None
+
+    @property
+    def urls(self) -> list[str]:
+        value = self.raw.get("urls")
+        return [u for u in value if isinstance(u, str)] if isinstance(value, list) else []
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.raw)
+        out.update({"mediaType": self.media_type, "digest": self.digest, "size": self.size})
+        return out
+
+    @classmethod
+    def from_json(cls, value: object, where: str) -> Descriptor:
+        if not isinstance(value, dict):
+            raise ImageError(f"{where} is not a descriptor object")
+        media_type, digest, size = value.get("mediaType"), value.get("digest"), value.get("size")
+        if not isinstance(media_type, str) or not media_type:
+            raise ImageError(f"{where} has no mediaType")
+        if not isinstance(digest, str):
+            raise ImageError(f"{where} has no digest")
+        split_digest(digest)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ImageError(f"{where} ({digest}) has no valid size")
+        return cls(media_type, digest, size, dict(value))

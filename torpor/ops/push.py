@@ -1,0 +1,57 @@
+"""`torpor push SOURCE [REF]`: a local checkpoint (an image in the store, an OCI layout, or a
+checkpoint directory, packed first) to a registry.
+
+Steps: 1. find the source; 2. a checkpoint directory only: compress it into an OCI layout in
+scratch space (its base image comes from containerd); 3. push the layout's blobs (cross-repo
+mounts where the registry has them, resumable uploads, every blob digest-checked), then its
+manifests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torpor.config import Config
+from torpor.containerd.client import Client
+from torpor.errors import ImageError
+from torpor.image import build as image_build
+from torpor.image.store import Store
+from torpor.ops.sources import NO_CREDENTIALS, RegistryAccess, SourceKind, kind_of, registry_options, tag_of
+from torpor.registry import push_layout
+from torpor.reporting import SILENT, Progress
+
+
+@dataclass(frozen=True)
+class PushResult:
+    reference: str
+    digest: str
+    uploaded: int
+    mounted: int
+    existing: int
+    bytes_uploaded: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def push(client: Client | None, source: str, ref: str, cfg: Config,
+         access: RegistryAccess = NO_CREDENTIALS, progress: Progress = SILENT) -> PushResult:
+    store = Store(cfg.image_store)
+    kind = kind_of(source, store)
+    if kind is SourceKind.REGISTRY:
+        raise ImageError(f"{source} is not a local checkpoint", hint="see `torpor ls`")
+    with store.scratch() as scratch:
+        if kind is SourceKind.DIRECTORY:
+            if client is None:
+                raise ImageError("packing a checkpoint directory needs containerd (its base image)")
+            progress.step("compressing layers (zstd, in parallel)")
+            layout = str(image_build.build(client, source, str(scratch / "layout"),
+                                           ref_name=tag_of(ref), level=cfg.image_zstd_level).layout)
+        else:
+            layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
+        progress.step(f"pushing {ref}")
+        pushed = push_layout(layout, ref, options=registry_options(cfg, ref, access),
+                             progress=progress.transfer("uploaded"))
+    return PushResult(str(pushed.reference), pushed.digest, pushed.uploaded, pushed.mounted,
+                      pushed.existing, pushed.bytes_uploaded)

@@ -1,0 +1,92 @@
+"""Where a checkpoint lives, and how to reach a registry.
+
+A source names a checkpoint in one of four places: a checkpoint directory (checkpoint.json), an
+OCI image-layout directory (index.json), a reference in the local store (`torpor ls`), or a
+reference in a registry. Registry access comes from the command line, then the config.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torpor.config import Config
+from torpor.errors import ImageError
+from torpor.formats import mediatypes as mt
+from torpor.formats import names
+from torpor.formats.metadata import CheckpointMetadata
+from torpor.image import unpack
+from torpor.image.directory import is_checkpoint_dir
+from torpor.image.store import Store
+from torpor.registry import PullPlan, RegistryOptions, parse_reference
+
+
+class SourceKind(enum.Enum):
+    DIRECTORY = "dir"
+    LAYOUT = "layout"
+    STORE = "store"
+    REGISTRY = "registry"
+
+
+def kind_of(source: str, store: Store) -> SourceKind:
+    if os.path.isdir(source):
+        if is_checkpoint_dir(source):
+            return SourceKind.DIRECTORY
+        if os.path.exists(os.path.join(source, names.OCI_INDEX_FILE)):
+            return SourceKind.LAYOUT
+        raise ImageError(f"{source} is neither a checkpoint directory nor an OCI image layout")
+    if store.has(source):
+        return SourceKind.STORE
+    return SourceKind.REGISTRY
+
+
+@dataclass(frozen=True)
+class RegistryAccess:
+    """What the command line says about reaching a registry."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    insecure: bool = False
+
+
+NO_CREDENTIALS = RegistryAccess()  # docker's config.json and credential helpers, as configured
+
+
+def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryOptions:
+    parsed = parse_reference(ref)
+    insecure = access.insecure or parsed.registry in cfg.registry_insecure
+    ca = access.ca_file or cfg.registry_ca_file or None
+    return RegistryOptions(
+        username=access.username, password=access.password,
+        docker_config=Path(cfg.registry_docker_config) if cfg.registry_docker_config else None,
+        ca_file=Path(ca) if ca else None, insecure=insecure,
+        parallel=max(4, os.cpu_count() or 1))
+
+
+def tag_of(ref: str | None) -> str | None:
+    if not ref:
+        return None
+    return parse_reference(ref).tag or "latest"
+
+
+def mount_from(metadata: CheckpointMetadata, ref: str) -> list[str]:
+    """The base image's repository, when it lives in the same registry (cross-repo mounts)."""
+    if metadata.image is None:
+        return []
+    try:
+        base, target = parse_reference(metadata.image.name), parse_reference(ref)
+    except Exception:
+        return []
+    return [base.repository] if base.registry == target.registry else []
+
+
+def image_of_plan(plan: PullPlan) -> unpack.CheckpointImage:
+    """The checkpoint image a registry pull plan describes (its metadata already fetched)."""
+    manifests = {m.descriptor.digest: (m.descriptor, m.document) for m in plan.manifests}
+    state = next((m for m in plan.manifests if m.artifact_type == mt.ARTIFACT_TYPE), None)
+    if state is None or state.config is None:
+        raise ImageError(f"{plan.reference} is not a torpor checkpoint image")
+    return unpack.assemble(plan.top.descriptor, plan.top.document, manifests, state.config)
