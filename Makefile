@@ -5,19 +5,29 @@ PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
 
-.PHONY: deps test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry install protos clean
+.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry install protos clean
 
 # Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
 deps:
 	@bash packaging/install-deps.sh
 
-# The whole suite: lint, types, then every test (real containerd, runc, CRIU, registry).
+# Only the Python environment (what `make unit` and `make lint` need).
+venv:
+	@bash packaging/install-deps.sh --python
+
+# The whole suite: lint, types, the fast tests, then every test (real containerd, runc, CRIU,
+# registry).
 test: deps
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit
 
-lint:
+# The fast tests: every pure piece, nothing started, under 10 s.
+unit: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+lint: venv
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
 

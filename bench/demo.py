@@ -15,7 +15,6 @@ import time
 
 from bench.harness import IMAGE, World, world
 from tests.support.containerd import Node
-from tests.support.netns import NetNS
 from tests.support.registry import Registry
 from tests.support.workload import COUNTER, kv_ask, read_counter, wait_counter_above, wait_kv
 
@@ -38,13 +37,7 @@ def make_node(w: World, name: str) -> Node:
     config = w.base / f"{name}.toml"
     config.write_text(f'[runtime]\nstate_dir = "{w.base}/{name}-state"\n'
                       f'[image]\nstore = "{w.base}/{name}-store"\n')
-    netns = NetNS(f"torpor-demo-{name}")
-    w.netns.append(netns)
-    node = Node(w.base / "nodes", name, w.bin, config, netns=netns)
-    w.nodes.append(node)
-    node.start()
-    node.ctr("images", "import", str(w.image_tar))
-    return node
+    return w.node(name, own_netns=True, config=config)
 
 
 def main() -> int:

@@ -3,6 +3,7 @@
 #
 #   packaging/install-deps.sh            system packages + CRIU >= 4.2 + the Python venv
 #   packaging/install-deps.sh --system   system packages and CRIU only
+#   packaging/install-deps.sh --python   the Python venv only (make unit, make lint)
 #
 # Every step checks first and skips work already done: a second run takes seconds.
 # Nothing here names a package host: the Debian mirror comes from the machine's own apt sources.
@@ -20,7 +21,6 @@ STATE=${TORPOR_BUILD_DIR:-/var/cache/torpor-build}
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "run as root (it installs packages and CRIU)"
 
 RUNTIME_PKGS=(containerd runc docker-registry busybox-static skopeo iproute2 iptables
               apache2-utils openssl ca-certificates gcc make python3-venv python3-dev tar)
@@ -157,6 +157,11 @@ install_venv() {
 }
 
 main() {
+    if [ "${1:-}" = "--python" ]; then
+        install_venv
+        return
+    fi
+    [ "$(id -u)" = 0 ] || die "run as root (it installs packages and CRIU)"
     apt_install "${RUNTIME_PKGS[@]}"
     install_criu
     [ "${1:-}" = "--system" ] || install_venv

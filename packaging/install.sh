@@ -17,8 +17,7 @@ log "installing torpor into $VENV"
 "$VENV/bin/python" -m torpor.runtime_config.launchers "$PREFIX/bin" "$PREFIX/lib/torpor/runc" >&2
 install -d -m 0755 /etc/torpor
 if [ ! -e /etc/torpor/config.toml ]; then
-    sed -n '/^    \[runtime\]/,/^Stdlib only/p' "$TOP/torpor/config.py" | sed '$d; s/^    //; s/^/# /' \
-        > /etc/torpor/config.toml
+    "$VENV/bin/python" -m torpor.config --defaults > /etc/torpor/config.toml
     log "wrote /etc/torpor/config.toml (all defaults, commented out)"
 fi
 log "done. Next: torpor runtime-config containerd --install /etc/containerd/config.toml && systemctl restart containerd"

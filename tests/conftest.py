@@ -10,18 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from torpor.runtime_config import launchers
-
-from .support import images
 from .support.containerd import Node
-from .support.netns import NetNS
+from .support.world import World
+from .support.world import world as make_world
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/torpor-test/busybox:1"
@@ -29,7 +25,9 @@ REQUIRED = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "criu", "doc
             "skopeo", "gcc", "ip", "iptables")
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+def require_real_components() -> None:
+    """The real-component tests need root and the tools `make deps` installs; tests/unit needs
+    neither, so the check runs with the first fixture that starts anything."""
     if os.geteuid() != 0:
         pytest.exit("torpor's tests start containerd, runc and CRIU: run them as root", 2)
     missing = [tool for tool in REQUIRED if not shutil.which(tool, path=os.environ.get("PATH", "")
@@ -39,85 +37,59 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def session_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="torpor-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def world() -> Iterator[World]:
+    """The session's world: launchers, config, workloads, the test image, containerd nodes."""
+    require_real_components()
+    with make_world(IMAGE, prefix="torpor-test-") as w:
+        yield w
 
 
 @pytest.fixture(scope="session")
-def torpor_bin(session_dir: Path) -> Path:
+def session_dir(world: World) -> Path:
+    return world.base
+
+
+@pytest.fixture(scope="session")
+def torpor_bin(world: World) -> Path:
     """torpor-runc, torpor-hook, torpor and containerd-shim-torpor-v2 for this checkout."""
-    bin_dir = session_dir / "bin"
-    launchers.install(str(bin_dir), str(session_dir / "lib" / "runc"), python=sys.executable)
-    return bin_dir
+    return world.bin
 
 
 @pytest.fixture(scope="session")
-def state_dir(session_dir: Path) -> Path:
-    return session_dir / "torpor-state"
+def state_dir(world: World) -> Path:
+    return world.state_dir
 
 
 @pytest.fixture(scope="session")
-def torpor_config(session_dir: Path, state_dir: Path) -> Path:
-    path = session_dir / "torpor.toml"
-    path.write_text(f'[runtime]\nstate_dir = "{state_dir}"\n')
-    return path
+def torpor_config(world: World) -> Path:
+    return world.config
 
 
 @pytest.fixture(scope="session")
-def workloads(session_dir: Path) -> dict[str, bytes]:
-    out = session_dir / "workloads"
-    out.mkdir(exist_ok=True)
-    return {name: images.compile_static(REPO / "tests" / "workloads" / f"{name}.c", out / name)
-            for name in ("kvserver", "memhog")}
+def workloads(world: World) -> dict[str, bytes]:
+    return world.workloads
 
 
 @pytest.fixture(scope="session")
-def test_image(session_dir: Path, workloads: dict[str, bytes]) -> dict[str, object]:
-    layout = session_dir / "image-layout"
-    digests = images.write_layout(layout, IMAGE, {
-        f"bin/{name}": (data, 0o755) for name, data in workloads.items()})
-    tar = images.layout_tar(layout, session_dir / "image.tar")
-    return {"name": IMAGE, "layout": layout, "tar": tar, **digests}
+def test_image(world: World) -> dict[str, object]:
+    return world.image
 
 
 class Nodes:
-    """Starts containerd nodes for the session and stops them all at the end."""
+    """The world's containerd nodes, started on demand; all stop with the world."""
 
-    def __init__(self, base: Path, bin_dir: Path, config: Path, image: dict[str, object]):
-        self.base, self.bin_dir, self.config, self.image = base, bin_dir, config, image
-        self.started: list[Node] = []
-        self.namespaces: list[NetNS] = []
+    def __init__(self, world: World) -> None:
+        self.world = world
 
     def start(self, name: str, own_netns: bool = False, cri: bool = False,
               config: Path | None = None, extra_env: dict[str, str] | None = None) -> Node:
-        """A new containerd node; `config` replaces the session's torpor config for it, and
-        `extra_env` reaches containerd, its shims and so torpor-runc."""
-        netns = NetNS(f"torpor-{name}") if own_netns else None
-        if netns:
-            self.namespaces.append(netns)
-        node = Node(self.base, name, self.bin_dir, config or self.config, netns=netns, cri=cri,
-                    extra_env=extra_env)
-        self.started.append(node)
-        node.start()
-        node.ctr("images", "import", str(self.image["tar"]))
-        return node
-
-    def stop_all(self) -> None:
-        for node in reversed(self.started):
-            node.stop()
-        for netns in self.namespaces:
-            netns.delete()
+        return self.world.node(name, own_netns=own_netns, cri=cri, config=config,
+                               extra_env=extra_env)
 
 
 @pytest.fixture(scope="session")
-def nodes(session_dir: Path, torpor_bin: Path, torpor_config: Path,
-          test_image: dict[str, object]) -> Iterator[Nodes]:
-    pool = Nodes(session_dir / "nodes", torpor_bin, torpor_config, test_image)
-    yield pool
-    pool.stop_all()
+def nodes(world: World) -> Nodes:
+    return Nodes(world)
 
 
 @pytest.fixture(scope="session")

@@ -1,95 +1,13 @@
-"""torpor runtime-config: what it prints parses, --install merges and keeps the user's file."""
+"""The packaging files in the repository are what `torpor runtime-config` prints."""
 
 from __future__ import annotations
 
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from torpor.runtime_config import containerd, engines
-
 REPO = Path(__file__).resolve().parent.parent
-USER_CONFIG = """\
-# my containerd, tuned by hand
-version = 2
-root = "/var/lib/containerd"  # on the big disk
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.9"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = true
-"""
-
-
-@pytest.mark.parametrize(("version", "plugin"), [(2, "io.containerd.grpc.v1.cri"),
-                                                 (3, "io.containerd.cri.v1.runtime")])
-def test_render_parses(version: int, plugin: str) -> None:
-    doc = tomllib.loads(containerd.render("/usr/local/bin/torpor-runc", version))
-    assert doc["version"] == version
-    torpor = doc["plugins"][plugin]["containerd"]["runtimes"]["torpor"]
-    assert torpor["runtime_type"] == "io.containerd.runc.v2"
-    assert torpor["options"]["BinaryName"] == "/usr/local/bin/torpor-runc"
-
-
-def test_install_keeps_comments_and_settings(tmp_path: Path) -> None:
-    path = tmp_path / "config.toml"
-    path.write_text(USER_CONFIG)
-    changed, backup = containerd.install(str(path), "/opt/torpor/bin/torpor-runc")
-    assert changed and backup and Path(backup).read_text() == USER_CONFIG
-    text = path.read_text()
-    assert text.startswith(USER_CONFIG)  # every line of the user's file, in place
-    doc = tomllib.loads(text)
-    runtimes = doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
-    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
-    assert runtimes["torpor"]["options"]["BinaryName"] == "/opt/torpor/bin/torpor-runc"
-    assert containerd.install(str(path), "/opt/torpor/bin/torpor-runc") == (False, None)
-    assert path.read_text() == text
-
-
-def test_install_updates_the_binary_and_keeps_other_options(tmp_path: Path) -> None:
-    path = tmp_path / "config.toml"
-    path.write_text(USER_CONFIG)
-    containerd.install(str(path), "/old/torpor-runc")
-    text = path.read_text().replace('BinaryName = "/old/torpor-runc"',
-                                    'BinaryName = "/old/torpor-runc"\nSystemdCgroup = true')
-    path.write_text(text)
-    changed, _ = containerd.install(str(path), "/new/torpor-runc")
-    options = tomllib.loads(path.read_text())["plugins"]["io.containerd.grpc.v1.cri"][
-        "containerd"]["runtimes"]["torpor"]["options"]
-    assert changed and options == {"BinaryName": "/new/torpor-runc", "SystemdCgroup": True}
-
-
-def test_install_into_a_minimal_config_keeps_cri_loadable(tmp_path: Path) -> None:
-    path = tmp_path / "config.toml"
-    path.write_text('version = 2\nroot = "/x"\n')
-    containerd.install(str(path), "/b/torpor-runc")
-    runtimes = tomllib.loads(path.read_text())["plugins"]["io.containerd.grpc.v1.cri"][
-        "containerd"]["runtimes"]
-    assert set(runtimes) == {"runc", "torpor"}
-
-
-def test_version_1_config_is_refused(tmp_path: Path) -> None:
-    from torpor.errors import ConfigError
-
-    path = tmp_path / "config.toml"
-    path.write_text('root = "/x"\n')
-    with pytest.raises(ConfigError, match="version 1"):
-        containerd.install(str(path), "/b/torpor-runc")
-
-
-def test_engine_dropins_parse() -> None:
-    podman = tomllib.loads(engines.podman("/usr/local/bin/torpor-runc"))
-    assert podman["engine"]["runtimes"]["torpor"] == ["/usr/local/bin/torpor-runc"]
-    crio = tomllib.loads(engines.crio("/usr/local/bin/torpor-runc"))
-    assert crio["crio"]["runtime"]["runtimes"]["torpor"]["runtime_path"] == \
-        "/usr/local/bin/torpor-runc"
-    assert "handler: torpor" in engines.kubernetes_runtime_class()
 
 
 @pytest.mark.parametrize(("command", "path"), [

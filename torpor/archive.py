@@ -27,12 +27,15 @@ WHITEOUT_PREFIX = ".wh."
 OPAQUE = ".wh..wh..opq"
 
 
-def _clean_name(name: str) -> str:
+def safe_name(name: str, what: str = "archive entry") -> str:
+    """`name` as a plain relative path ('a/./b/' -> 'a/b'), or UnsafeArchive for an absolute
+    path or a '..' component: the one check of every name torpor takes from an archive or a
+    checkpoint's file list before it becomes a path."""
     if name.startswith("/") or name.startswith("\\"):
-        raise UnsafeArchive(f"archive entry {name!r} has an absolute path")
+        raise UnsafeArchive(f"{what} {name!r} has an absolute path")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
-        raise UnsafeArchive(f"archive entry {name!r} contains '..'")
+        raise UnsafeArchive(f"{what} {name!r} contains '..'")
     return "/".join(parts)
 
 
@@ -71,7 +74,7 @@ def _validate(member: tarfile.TarInfo, rel: str, root: str, mode: Mode) -> None:
     if mode == "strict" and not (member.isfile() or member.isdir()):
         raise UnsafeArchive(f"archive entry {member.name!r} is a link; only files are allowed here")
     if member.islnk():
-        target = _clean_name(member.linkname)
+        target = safe_name(member.linkname)
         if not _inside(root, os.path.normpath(os.path.join(root, target))):
             raise UnsafeArchive(f"hard link {member.name!r} points outside the archive")
     if member.issym() and not member.linkname.startswith("/"):
@@ -96,7 +99,7 @@ def extract(source: str | BinaryIO, target: str, mode: Mode = "volume") -> int:
             members = tar.getmembers()
         except (tarfile.TarError, EOFError) as e:
             raise UnsafeArchive(f"truncated or corrupt tar archive: {e}") from None
-        entries = [(m, _clean_name(m.name)) for m in members]
+        entries = [(m, safe_name(m.name)) for m in members]
         for member, rel in entries:
             if rel:
                 _validate(member, rel, root, mode)
@@ -156,7 +159,7 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str, root:
         os.lchown(path, member.uid, member.gid)
         return
     if member.islnk():
-        os.link(os.path.join(root, _clean_name(member.linkname)), path, follow_symlinks=False)
+        os.link(os.path.join(root, safe_name(member.linkname)), path, follow_symlinks=False)
         return
     source = tar.extractfile(member)
     if source is None:

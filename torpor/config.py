@@ -1,33 +1,8 @@
-"""torpor's configuration: every default in one place.
+"""torpor's configuration: every default in one place, `_SCHEMA` below.
 
 The file is TOML, `/etc/torpor/config.toml` unless `TORPOR_CONFIG` names another; a missing
-default file means all defaults. Layout::
-
-    [runtime]
-    path = "runc"                 # the low-level OCI runtime: a name on PATH or an absolute path
-    state_dir = "/run/torpor"     # per-container records written by torpor-hook
-    hook_path = ""                # torpor-hook to write into specs; default: beside torpor-runc
-
-    [checkpoint]
-    volumes = "all"               # bind-mounted volumes to save: "all", "none" or a list of paths
-    dev_shm = true                # save a bind-mounted /dev/shm (Kubernetes style)
-    rootfs = true                 # save the container's read-write layer inside the image dir
-    tcp_established = false       # defaults for checkpoints started by ctr/nerdctl
-    file_locks = false
-
-    [gpu]
-    cuda_library = "libcuda.so.1"
-    nvml_library = "libnvidia-ml.so.1"
-    lock_timeout_ms = 10000
-
-    [image]
-    store = "/var/lib/torpor"     # local checkpoint images (torpor ls, rm) and scratch space
-    zstd_level = 1                # layer compression: 1 is fast; 3 to 19 trade time for size
-
-    [registry]
-    docker_config = ""            # credentials: default $DOCKER_CONFIG or ~/.docker/config.json
-    ca_file = ""                  # extra CA certificates for registries with private TLS
-    insecure = []                 # registries reached over plain http, e.g. ["localhost:5000"]
+default file means all defaults. `python -m torpor.config --defaults` prints the whole file with
+every key commented out at its default, which `make install` writes for a new node.
 
 Stdlib only and no dataclasses: torpor-runc reads this on every call.
 """
@@ -44,32 +19,35 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/etc/torpor/config.toml"
 
-_SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
+# table -> key -> (type, default, what it means); the order is the order of the rendered file
+_SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
     "runtime": {
-        "path": (str, "runc"),
-        "state_dir": (str, "/run/torpor"),
-        "hook_path": (str, ""),
+        "path": (str, "runc", "the low-level OCI runtime: a name on PATH or an absolute path"),
+        "state_dir": (str, "/run/torpor", "per-container records torpor-runc keeps"),
+        "hook_path": (str, "", "torpor-hook to write into specs; default: beside torpor-runc"),
     },
     "checkpoint": {
-        "volumes": ((str, list), "all"),
-        "dev_shm": (bool, True),
-        "rootfs": (bool, True),
-        "tcp_established": (bool, False),
-        "file_locks": (bool, False),
+        "volumes": ((str, list), "all",
+                    'bind-mounted volumes to save: "all", "none" or a list of paths'),
+        "dev_shm": (bool, True, "save a bind-mounted /dev/shm (Kubernetes style)"),
+        "rootfs": (bool, True, "save the container's read-write layer inside the image dir"),
+        "tcp_established": (bool, False, "defaults for checkpoints started by ctr/nerdctl"),
+        "file_locks": (bool, False, ""),
     },
     "gpu": {
-        "cuda_library": (str, "libcuda.so.1"),
-        "nvml_library": (str, "libnvidia-ml.so.1"),
-        "lock_timeout_ms": (int, 10000),
+        "cuda_library": (str, "libcuda.so.1", "the CUDA driver library"),
+        "nvml_library": (str, "libnvidia-ml.so.1", "NVML, for the GPU inventory"),
+        "lock_timeout_ms": (int, 10000, "how long a CUDA process may take to reach a lock"),
     },
     "image": {
-        "store": (str, "/var/lib/torpor"),
-        "zstd_level": (int, 1),
+        "store": (str, "/var/lib/torpor", "local checkpoint images (torpor ls, rm), scratch"),
+        "zstd_level": (int, 1, "layer compression: 1 is fast; 3 to 19 trade time for size"),
     },
     "registry": {
-        "docker_config": (str, ""),
-        "ca_file": (str, ""),
-        "insecure": (list, []),
+        "docker_config": (str, "",
+                          "credentials: default $DOCKER_CONFIG or ~/.docker/config.json"),
+        "ca_file": (str, "", "extra CA certificates for registries with private TLS"),
+        "insecure": (list, [], 'registries reached over plain http, e.g. ["localhost:5000"]'),
     },
 }
 
@@ -128,7 +106,7 @@ class Config:
                     f"{path}: unknown key(s) in [{table}]: {', '.join(unknown)}",
                     hint=f"known keys: {', '.join(sorted(keys))}",
                 )
-            for key, (kind, default) in keys.items():
+            for key, (kind, default, _) in keys.items():
                 value = given.get(key, default)
                 if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                     raise ConfigError(f"{path}: [{table}] {key} has the wrong type: {value!r}")
@@ -227,3 +205,35 @@ def load() -> Config:
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path} is not valid TOML: {e}") from None
     return Config(values, path)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def render_defaults() -> str:
+    """The whole configuration file, every key commented out at its default, with its meaning."""
+    lines = ["# torpor's configuration (TORPOR_CONFIG or /etc/torpor/config.toml).",
+             "# Every key is shown at its default; uncomment to change it.", ""]
+    for table, keys in _SCHEMA.items():
+        lines.append(f"[{table}]")
+        for key, (_, default, meaning) in keys.items():
+            setting = f"# {key} = {_toml_value(default)}"
+            lines.append(f"{setting:<36}  # {meaning}" if meaning else setting)
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--defaults"]:
+        sys.stderr.write("usage: python -m torpor.config --defaults\n")
+        sys.exit(2)
+    sys.stdout.write(render_defaults())

@@ -8,18 +8,18 @@ container's annotation io.torpor.checkpoint.volumes, then the config (`[checkpoi
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from torpor.capture import rootfs, volumes
 from torpor.config import Config
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.files import FilePolicy, SavedFiles, SavedRootfs, parse_volume_policy
+from torpor.formats.oci import OciSpec
 from torpor.formats.request import CheckpointRequest
 from torpor.reporting import Log
 
 
-def choose_policy(request: CheckpointRequest | None, spec: dict[str, Any],
+def choose_policy(request: CheckpointRequest | None, spec: OciSpec,
                   cfg: Config) -> FilePolicy:
     spec_annotations = spec.get("annotations") or {}
     chosen = ((request.volumes if request else None)
@@ -30,7 +30,7 @@ def choose_policy(request: CheckpointRequest | None, spec: dict[str, Any],
     return FilePolicy(volumes=chosen, dev_shm=dev_shm, rootfs=keep_rootfs)
 
 
-def save(pid: int, spec: dict[str, Any], policy: FilePolicy, out_dir: str, log: Log) -> SavedFiles:
+def save(pid: int, spec: OciSpec, policy: FilePolicy, out_dir: str, log: Log) -> SavedFiles:
     """The read-write layer (overlay upperdir, as an OCI layer), the volumes and a bind-mounted
     /dev/shm, into `out_dir` (<image-path>/torpor/); call with the container frozen."""
     saved_rootfs = None
@@ -51,7 +51,7 @@ def save(pid: int, spec: dict[str, Any], policy: FilePolicy, out_dir: str, log: 
                       dev_shm=volumes.save(shm, out_dir) if shm is not None else None)
 
 
-def restore(spec: dict[str, Any], bundle: str, image_path: str, files: SavedFiles) -> None:
+def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles) -> None:
     """The read-write layer (when it travelled in the image directory, as with ctr), the
     volumes and /dev/shm, into the restore-time rootfs and bind sources."""
     from torpor import archive

@@ -29,6 +29,7 @@ from torpor.formats.network import (
     Rule,
     SocketAddress,
 )
+from torpor.formats.oci import OciSpec
 
 FAMILIES = {socket.AF_INET: "inet", socket.AF_INET6: "inet6"}
 TCP_STATES = {"01": "established", "02": "syn-sent", "03": "syn-recv", "04": "fin-wait1",
@@ -223,7 +224,7 @@ def apply_restore_plan(plan: RestorePlan, pid: int) -> None:
         raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
 
 
-def spec_netns_path(spec: dict[str, Any]) -> str | None:
+def spec_netns_path(spec: OciSpec) -> str | None:
     """The network namespace path the spec names (a pod's), or None when runc makes one."""
     for ns in (spec.get("linux") or {}).get("namespaces") or []:
         if ns.get("type") == "network":
@@ -231,7 +232,7 @@ def spec_netns_path(spec: dict[str, Any]) -> str | None:
     return None
 
 
-def capture(spec: dict[str, Any], pid: int) -> NetworkState:
+def capture(spec: OciSpec, pid: int) -> NetworkState:
     """The container's network: its namespace's configuration and its sockets' addresses."""
     explicit = spec_netns_path(spec)
     return NetworkState(netns_path=explicit or f"/proc/{pid}/ns/net",

@@ -18,6 +18,7 @@ from torpor import archive
 from torpor.errors import CheckpointError, RestoreError
 from torpor.formats import names
 from torpor.formats.files import SavedVolume, VolumePolicy
+from torpor.formats.oci import OciSpec
 
 # Destinations engines fill in themselves; never saved as volumes.
 ENGINE_MANAGED = ("/etc/resolv.conf", "/etc/hosts", "/etc/hostname", "/dev/termination-log",
@@ -30,7 +31,7 @@ def is_bind(mount: dict[str, Any]) -> bool:
     return mount.get("type") == "bind" or "bind" in options or "rbind" in options
 
 
-def select(spec: dict[str, Any], policy: VolumePolicy,
+def select(spec: OciSpec, policy: VolumePolicy,
            dev_shm: bool) -> tuple[list[SavedVolume], SavedVolume | None]:
     """The volumes to save under `policy`, and the bind-mounted /dev/shm if it is to be saved."""
     volumes: list[SavedVolume] = []

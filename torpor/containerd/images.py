@@ -13,13 +13,13 @@ from torpor.errors import ImageError, NotFound
 from torpor.formats.digests import verify_bytes
 from torpor.formats.mediatypes import INDEX_TYPES
 from torpor.formats.metadata import BaseImage
-from torpor.formats.oci import Descriptor
+from torpor.formats.oci import Descriptor, OciDocument
 from torpor.node.facts import go_arch
 
 MAX_JSON_BLOB = 4 << 20
 
 
-def read_json(client: Client, digest: str) -> dict[str, Any]:
+def read_json(client: Client, digest: str) -> OciDocument:
     """An OCI document (manifest, index, config) from containerd's content store, digest-checked;
     kept as a dict because its unknown fields must survive."""
     data = bytearray()
@@ -35,7 +35,7 @@ def read_json(client: Client, digest: str) -> dict[str, Any]:
     return parsed
 
 
-def platform_manifest(client: Client, target: Descriptor) -> tuple[Descriptor, dict[str, Any]]:
+def platform_manifest(client: Client, target: Descriptor) -> tuple[Descriptor, OciDocument]:
     """(manifest descriptor, manifest) for this node's platform under `target`."""
     doc = read_json(client, target.digest)
     if target.media_type in INDEX_TYPES or doc.get("manifests"):

@@ -54,8 +54,8 @@ def verify_hasher(hasher: Hasher, digest: str, what: str) -> None:
     algorithm, expected = split_digest(digest)
     actual = hasher.hexdigest()
     if actual != expected:
-        raise DigestMismatch(f"{what} is not what its descriptor says: expected {digest}, "
-                             f"the content hashes to {algorithm}:{actual}",
+        raise DigestMismatch(f"{what} does not match its digest {digest}: the content hashes "
+                             f"to {algorithm}:{actual}",
                              hint="the source holds corrupted or tampered content; nothing was kept")
 
 

@@ -15,7 +15,7 @@ from torpor.formats.fields import Fields, check_format
 from torpor.formats.files import FileEntry, Sizes, file_entries
 from torpor.formats.flat import from_flat, to_flat
 from torpor.formats.node import NodeFacts
-from torpor.formats.oci import Descriptor
+from torpor.formats.oci import Descriptor, OciSpec
 from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 
@@ -35,7 +35,7 @@ class ContainerInfo:
     id: str
     image: str
     runtime: RuntimeInfo
-    spec: dict[str, Any]                    # the OCI runtime spec, kept whole
+    spec: OciSpec                           # the OCI runtime spec, kept whole
     labels: dict[str, str] = field(default_factory=dict)
     snapshotter: str = ""
     snapshot_key: str = ""

@@ -58,3 +58,10 @@ class Descriptor:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ImageError(f"{where} ({digest}) has no valid size")
         return cls(media_type, digest, size, dict(value))
+
+
+# The two shapes that stay plain dicts across modules, because fields torpor does not know must
+# survive byte for byte: an OCI runtime spec (config.json) and an OCI image document (a
+# manifest, an index or an image config).
+OciSpec = dict[str, Any]
+OciDocument = dict[str, Any]

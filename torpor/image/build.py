@@ -14,8 +14,6 @@ pass; the base image's layers are copied from containerd's content store, digest
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import threading
@@ -31,8 +29,10 @@ from torpor.errors import ImageError
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
+from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
+from torpor.image import documents
 from torpor.image import layers as layer_io
 from torpor.registry.layout import Layout
 
@@ -54,8 +54,8 @@ class BuiltImage:
 
 def _json_blob(layout: Layout, document: dict[str, Any], media_type: str,
                extra: dict[str, Any] | None = None) -> Descriptor:
-    data = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    data = documents.canonical(document)
+    digest = sha256_digest(data)
     layout.write_small(digest, data, durable=False)
     return Descriptor(media_type, digest, len(data), {**(extra or {}), "mediaType": media_type,
                                                       "digest": digest, "size": len(data)})
@@ -87,16 +87,21 @@ def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) 
         return
     layout.blob_dir(digest)
     partial = path.with_name(path.name + ".partial")
-    hasher = hashlib.sha256()
+    hasher = new_hasher(digest)
     written = 0
     with open(partial, "wb") as out:
         for chunk in client.read_content(digest):
             out.write(chunk)
             hasher.update(chunk)
             written += len(chunk)
-    if written != size or "sha256:" + hasher.hexdigest() != digest:
+    try:
+        if written != size:
+            raise ImageError(f"containerd's copy of base layer {digest} has {written} bytes, "
+                             f"not {size}")
+        verify_hasher(hasher, digest, f"containerd's copy of base layer {digest}")
+    except ImageError:
         partial.unlink(missing_ok=True)
-        raise ImageError(f"containerd's copy of base layer {digest} is damaged")
+        raise
     os.chmod(partial, 0o600)
     os.replace(partial, path)
 
@@ -162,47 +167,24 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         container_id = metadata.container.id
         config_desc = _json_blob(layout, metadata.to_json(), mt.CHECKPOINT_CONFIG)
         created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        state_manifest = {
-            "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_TYPE,
-            "config": config_desc.to_json(), "layers": [d.to_json() for d in state_layers],
-            "annotations": {ann.CREATED: created_at, ann.CONTAINER: container_id,
-                            ann.FORMAT: names.CHECKPOINT_FORMAT},
-        }
-        state_desc = _json_blob(layout, state_manifest, mt.OCI_MANIFEST, {
-            "artifactType": mt.ARTIFACT_TYPE,
-            "platform": {"architecture": "unknown", "os": "unknown"},
-            "annotations": {ann.ROLE: ann.ROLE_STATE}})
+        state_desc = _json_blob(layout, documents.state_manifest(
+            config_desc, state_layers, created_at, container_id), mt.OCI_MANIFEST,
+            documents.state_entry())
 
         base_manifest = containerd_image.read_json(client, base.manifest.digest)
         base_config = containerd_image.read_json(client, base.config_digest)
         for layer in base_manifest.get("layers", []):
             _copy_from_containerd(client, layout, layer)
-        run_config = json.loads(json.dumps(base_config))
         run_layers = list(base_manifest.get("layers", []))
         if diff_layer is not None:
-            run_config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
-            run_config["rootfs"]["diff_ids"].append(diff_layer.diff_id)
-            run_config.setdefault("history", []).append({
-                "created": created_at, "created_by": f"torpor checkpoint {container_id}",
-                "comment": "the container's read-write layer at checkpoint time"})
             run_layers.append(_adopt(layout, diff_layer, mt.OCI_LAYER_ZSTD, {}).to_json())
+        run_config = documents.runnable_config(
+            base_config, diff_layer.diff_id if diff_layer else None, created_at, container_id)
         run_config_desc = _json_blob(layout, run_config, mt.OCI_CONFIG)
-        platform = {"architecture": run_config.get("architecture", "amd64"),
-                    "os": run_config.get("os", "linux")}
-        runnable = {
-            "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "config": run_config_desc.to_json(),
-            "layers": run_layers,
-            "annotations": {ann.CREATED: created_at, ann.BASE_NAME: base.name,
-                            ann.BASE_DIGEST: base.manifest.digest, ann.CONTAINER: container_id},
-        }
-        runnable_desc = _json_blob(layout, runnable, mt.OCI_MANIFEST, {
-            "platform": platform, "annotations": {ann.ROLE: ann.ROLE_RUNNABLE}})
-        index = {
-            "schemaVersion": 2, "mediaType": mt.OCI_INDEX,
-            "manifests": [runnable_desc.to_json(), state_desc.to_json()],
-            "annotations": {ann.CREATED: created_at, ann.CONTAINER: container_id,
-                            ann.FORMAT: names.CHECKPOINT_FORMAT, ann.BASE_NAME: base.name},
-        }
+        runnable_desc = _json_blob(layout, documents.runnable_manifest(
+            run_config_desc, run_layers, created_at, base.name, base.manifest.digest,
+            container_id), mt.OCI_MANIFEST, documents.runnable_entry(run_config))
+        index = documents.index(runnable_desc, state_desc, created_at, container_id, base.name)
         index_desc = _json_blob(layout, index, mt.OCI_INDEX)
         layout.tag(index_desc, ref_name)
     except BaseException:

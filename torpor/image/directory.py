@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 
+from torpor.archive import safe_name
 from torpor.atomicfile import write_atomic
-from torpor.errors import FormatError, RestoreError
+from torpor.errors import FormatError, RestoreError, UnsafeArchive
 from torpor.formats import names
 from torpor.formats.files import FileEntry
 from torpor.formats.metadata import CheckpointMetadata
@@ -66,8 +67,10 @@ def load(directory: str) -> CheckpointMetadata:
     path = os.path.join(directory, names.CHECKPOINT_METADATA)
     problems = []
     for entry in metadata.files:
-        if entry.path.startswith("/") or ".." in entry.path.split("/"):
-            raise RestoreError(f"{path} lists an unsafe path {entry.path!r}")
+        try:
+            safe_name(entry.path, "file")
+        except UnsafeArchive as e:
+            raise RestoreError(f"{path} lists an unsafe path: {e}") from None
         full = os.path.join(directory, entry.path)
         try:
             size = os.path.getsize(full)

@@ -5,7 +5,6 @@ may be extracted in parallel."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 import tarfile
@@ -13,8 +12,10 @@ from typing import IO, BinaryIO
 
 import zstandard
 
+from torpor.archive import safe_name
 from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
 from torpor.formats.annotations import RANGE_PAX
+from torpor.formats.digests import new_hasher, verify_hasher
 
 CHUNK = 1 << 20
 
@@ -24,7 +25,7 @@ class _VerifyingReader:
 
     def __init__(self, raw: BinaryIO, digest: str, size: int, what: str) -> None:
         self.raw, self.digest, self.size, self.what = raw, digest, size, what
-        self.hasher = hashlib.sha256()
+        self.hasher = new_hasher(digest)
         self.seen = 0
 
     def read(self, n: int = -1) -> bytes:
@@ -40,17 +41,7 @@ class _VerifyingReader:
     def check(self) -> None:
         if self.seen != self.size:
             raise ImageError(f"{self.what} is truncated: {self.seen} of {self.size} bytes")
-        if "sha256:" + self.hasher.hexdigest() != self.digest:
-            raise DigestMismatch(f"{self.what} does not match its digest {self.digest}")
-
-
-def _safe_name(name: str) -> str:
-    if name.startswith("/"):
-        raise UnsafeArchive(f"layer entry {name!r} has an absolute path")
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise UnsafeArchive(f"layer entry {name!r} is not a plain relative path")
-    return "/".join(parts)
+        verify_hasher(self.hasher, self.digest, self.what)
 
 
 def extract_layer(blob_path: str, digest: str, size: int, target: str,
@@ -69,7 +60,9 @@ def extract_layer(blob_path: str, digest: str, size: int, target: str,
         try:
             with tarfile.open(fileobj=reader, mode="r|") as tar:
                 for member in tar:
-                    name = _safe_name(member.name)
+                    name = safe_name(member.name, "layer entry")
+                    if not name:
+                        raise UnsafeArchive(f"{what}: an entry has an empty name")
                     if name.split("/")[0] not in allowed_top:
                         raise UnsafeArchive(f"{what}: entry {name!r} is outside "
                                             f"{', '.join(allowed_top)}")

@@ -25,7 +25,7 @@ from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata
-from torpor.formats.oci import Descriptor
+from torpor.formats.oci import Descriptor, OciDocument
 from torpor.image import directory as checkpoint_dir
 from torpor.image import extract
 from torpor.registry.layout import Layout
@@ -56,7 +56,7 @@ class CheckpointImage:
                   for i, layer in enumerate(doc.get("layers", [])))]
 
 
-def _parse(body: bytes, what: str) -> dict[str, Any]:
+def _parse(body: bytes, what: str) -> OciDocument:
     try:
         document = json.loads(body)
     except ValueError:
@@ -66,7 +66,7 @@ def _parse(body: bytes, what: str) -> dict[str, Any]:
     return document
 
 
-def assemble(index_desc: Descriptor, index: dict[str, Any],
+def assemble(index_desc: Descriptor, index: OciDocument,
              manifests: dict[str, tuple[Descriptor, dict[str, Any]]],
              config: bytes) -> CheckpointImage:
     """The checkpoint image from its documents, checked for the shape docs/format.md gives."""

@@ -43,6 +43,7 @@ from torpor.errors import AlreadyExists, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
+from torpor.formats.oci import OciSpec
 from torpor.image import directory as checkpoint_dir
 from torpor.image import unpack
 from torpor.image.store import Store
@@ -213,8 +214,7 @@ def _base_image(client: Client, metadata: CheckpointMetadata, progress: Progress
     return present
 
 
-def rewrite_spec(spec: dict[str, Any], old_id: str, new_id: str,
-                 options: RestoreOptions) -> dict[str, Any]:
+def rewrite_spec(spec: OciSpec, old_id: str, new_id: str, options: RestoreOptions) -> OciSpec:
     """The checkpoint's spec for the new container: its cgroup path under the new name, the
     network namespace and volume sources asked for, the add-addresses request."""
     spec = json.loads(json.dumps(spec))

@@ -8,10 +8,9 @@ kept byte for byte but not followed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torpor.errors import ImageError
-from torpor.formats.oci import Descriptor
+from torpor.formats.oci import Descriptor, OciDocument
 from torpor.registry import manifests
 
 
@@ -28,7 +27,7 @@ class ManifestContents:
         return ([self.config] if self.config else []) + self.layers
 
 
-def manifest_contents(document: dict[str, Any], media_type: str, what: str) -> ManifestContents:
+def manifest_contents(document: OciDocument, media_type: str, what: str) -> ManifestContents:
     """The children of a parsed manifest (`what` names it in errors)."""
     if manifests.is_index(media_type) or "manifests" in document:
         entries = document.get("manifests", [])

@@ -16,7 +16,7 @@ from torpor.atomicfile import write_atomic
 from torpor.errors import ImageError
 from torpor.formats import mediatypes
 from torpor.formats.digests import new_hasher, split_digest, verify_bytes
-from torpor.formats.oci import Descriptor
+from torpor.formats.oci import Descriptor, OciDocument
 from torpor.registry import manifests
 
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -67,7 +67,7 @@ class Layout:
         verify_bytes(data, descriptor.digest, f"{what} {descriptor.digest} in {self.root}")
         return data
 
-    def read_index(self) -> dict[str, Any]:
+    def read_index(self) -> OciDocument:
         path = self.root / "index.json"
         try:
             body = path.read_bytes()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from torpor.errors import ImageError
 from torpor.formats.mediatypes import INDEX_TYPES, OCI_INDEX, OCI_MANIFEST
+from torpor.formats.oci import OciDocument
 
 
 def is_index(media_type: str) -> bool:
@@ -25,7 +25,7 @@ def manifest_media_type(body: bytes, declared: str | None = None) -> str:
     return OCI_INDEX if "manifests" in document else OCI_MANIFEST
 
 
-def parse_manifest(body: bytes, what: str) -> dict[str, Any]:
+def parse_manifest(body: bytes, what: str) -> OciDocument:
     """The JSON object of a manifest or index, or ImageError saying which one is malformed."""
     try:
         document = json.loads(body)

@@ -51,7 +51,7 @@ def run(ctx: Context) -> int:
 
     # 1. the container and the request
     current = runc.state(ctx.runtime, inv, container_id)
-    pid, bundle = int(current["pid"]), str(current["bundle"])
+    pid, bundle = current.pid, current.bundle
     config = spec.load(bundle)
     request = records.take_request(records.record_dir(ctx.cfg.runtime_state_dir, bundle,
                                                       container_id))

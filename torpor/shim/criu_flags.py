@@ -6,11 +6,10 @@ ctr and nerdctl cannot ask for --tcp-established or --file-locks; a container's 
 
 from __future__ import annotations
 
-from typing import Any
-
 from torpor.config import Config
 from torpor.formats import annotations as ann
 from torpor.formats.criu import RESTORE_FLAGS, CriuOptions
+from torpor.formats.oci import OciSpec
 from torpor.shim.argv import Invocation
 
 
@@ -20,7 +19,7 @@ def criu_options(inv: Invocation) -> CriuOptions:
     return CriuOptions.from_flags(present, inv.values("empty-ns"), inv.flag("manage-cgroups-mode"))
 
 
-def default_flags(cfg: Config, inv: Invocation, spec: dict[str, Any]) -> list[str]:
+def default_flags(cfg: Config, inv: Invocation, spec: OciSpec) -> list[str]:
     """Flags to add because the container's annotations or the config ask for them."""
     annotations = spec.get("annotations") or {}
     wanted = {"tcp-established": (ann.CHECKPOINT_TCP_ESTABLISHED, cfg.checkpoint_tcp_established),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torpor.capture import files, netns, records
 from torpor.capture.freezer import Cgroup
@@ -32,6 +32,7 @@ from torpor.errors import FormatError, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
+from torpor.formats.oci import OciSpec
 from torpor.formats.state import ContainerState
 from torpor.shim import criu_log, lowlevel, modifiers, runc, spec
 from torpor.shim.create_cmd import spec_modifiers
@@ -47,7 +48,7 @@ def read_state(image_path: str) -> ContainerState | None:
         raise RestoreError(str(e)) from None
 
 
-def prepare_network(spec_doc: dict[str, Any], state: ContainerState, plan_path: str) -> None:
+def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str) -> None:
     network = state.network
     needed = netns.needed_addresses(network.sockets)
     add = (spec_doc.get("annotations") or {}).get(ann.RESTORE_ADD_ADDRESSES, "").lower() == "true"

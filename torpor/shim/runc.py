@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-from typing import Any
+from dataclasses import dataclass
 
 from torpor.errors import CheckpointError
 from torpor.shim.argv import Invocation
+
+
+@dataclass(frozen=True)
+class RuncState:
+    """What `runc state` says of a container that torpor-runc needs."""
+
+    pid: int
+    bundle: str
+    status: str
 
 
 def global_args(inv: Invocation) -> list[str]:
@@ -15,7 +24,7 @@ def global_args(inv: Invocation) -> list[str]:
     return inv.argv[1:inv.command_index]
 
 
-def state(runtime: str, inv: Invocation, container_id: str) -> dict[str, Any]:
+def state(runtime: str, inv: Invocation, container_id: str) -> RuncState:
     """`runc state ID`: pid, bundle, status and rootfs of the container."""
     cmd = [runtime, *[a for a in global_args(inv)], "state", container_id]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -23,10 +32,11 @@ def state(runtime: str, inv: Invocation, container_id: str) -> dict[str, Any]:
         raise CheckpointError(f"runc state {container_id} failed: "
                               f"{(proc.stderr or proc.stdout).strip()}")
     try:
-        result: dict[str, Any] = json.loads(proc.stdout)
-    except ValueError:
-        raise CheckpointError(f"runc state {container_id} printed no JSON") from None
-    return result
+        result = json.loads(proc.stdout)
+        return RuncState(int(result["pid"]), str(result["bundle"]), str(result.get("status", "")))
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"runc state {container_id} printed no container state: "
+                              f"{proc.stdout[:200]!r}") from None
 
 
 def run(runtime: str, argv: list[str]) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.registry import credential_helper, docker_config
 from torpor.errors import AuthError, ConfigError, ImageError, RegistryError
 from torpor.formats.digests import split_digest
 from torpor.registry import RegistryOptions, parse_reference
@@ -21,8 +22,6 @@ from torpor.registry.credentials import Credentials, find_credentials
 from torpor.registry.http_errors import FOREIGN, TransientError, from_network, from_response
 from torpor.registry.layout import Layout
 from torpor.registry.transport import Transport
-
-from ..support.registry import credential_helper, docker_config
 
 HEX = "a" * 64
 

@@ -1,0 +1,75 @@
+"""The JSON documents of a checkpoint image (docs/format.md), built from descriptors alone: the
+state manifest, the runnable image's config and manifest, and the index over both. Pure
+functions: build.py writes what they return; tests check their shape without a container."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from torpor.formats import annotations as ann
+from torpor.formats import mediatypes as mt
+from torpor.formats import names
+from torpor.formats.oci import Descriptor, OciDocument
+
+STATE_PLATFORM = {"architecture": "unknown", "os": "unknown"}
+
+
+def canonical(document: OciDocument) -> bytes:
+    """The bytes a document is stored and digested as: compact, keys sorted."""
+    return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+
+
+def state_manifest(config: Descriptor, layers: list[Descriptor], created: str,
+                   container_id: str) -> OciDocument:
+    return {
+        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_TYPE,
+        "config": config.to_json(), "layers": [d.to_json() for d in layers],
+        "annotations": {ann.CREATED: created, ann.CONTAINER: container_id,
+                        ann.FORMAT: names.CHECKPOINT_FORMAT},
+    }
+
+
+def state_entry() -> dict[str, Any]:
+    """What the index says of the state manifest, beside its descriptor."""
+    return {"artifactType": mt.ARTIFACT_TYPE, "platform": dict(STATE_PLATFORM),
+            "annotations": {ann.ROLE: ann.ROLE_STATE}}
+
+
+def runnable_config(base_config: OciDocument, diff_id: str | None, created: str,
+                    container_id: str) -> OciDocument:
+    """The base image's config, plus the read-write layer's diff ID and a history entry."""
+    config: OciDocument = json.loads(json.dumps(base_config))
+    if diff_id is not None:
+        config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
+        config["rootfs"]["diff_ids"].append(diff_id)
+        config.setdefault("history", []).append({
+            "created": created, "created_by": f"torpor checkpoint {container_id}",
+            "comment": "the container's read-write layer at checkpoint time"})
+    return config
+
+
+def runnable_manifest(config: Descriptor, layers: list[dict[str, Any]], created: str,
+                      base_name: str, base_digest: str, container_id: str) -> OciDocument:
+    return {
+        "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "config": config.to_json(),
+        "layers": layers,
+        "annotations": {ann.CREATED: created, ann.BASE_NAME: base_name,
+                        ann.BASE_DIGEST: base_digest, ann.CONTAINER: container_id},
+    }
+
+
+def runnable_entry(config: OciDocument) -> dict[str, Any]:
+    platform = {"architecture": config.get("architecture", "amd64"),
+                "os": config.get("os", "linux")}
+    return {"platform": platform, "annotations": {ann.ROLE: ann.ROLE_RUNNABLE}}
+
+
+def index(runnable: Descriptor, state: Descriptor, created: str, container_id: str,
+          base_name: str) -> OciDocument:
+    return {
+        "schemaVersion": 2, "mediaType": mt.OCI_INDEX,
+        "manifests": [runnable.to_json(), state.to_json()],
+        "annotations": {ann.CREATED: created, ann.CONTAINER: container_id,
+                        ann.FORMAT: names.CHECKPOINT_FORMAT, ann.BASE_NAME: base_name},
+    }
