@@ -14,7 +14,9 @@
     ├── FormatError                  exit 1   a file torpor reads is malformed or of an unknown version
     ├── ImageError                   exit 1   a checkpoint image or layout is malformed
     │   ├── DigestMismatch                    a blob is not what its descriptor says
-    │   └── UnsafeArchive                     an archive entry would escape its target
+    │   ├── UnsafeArchive                     an archive entry would escape its target
+    │   └── DecryptionError                   an encrypted layer cannot be opened: no key, none of
+    │                                         the keys given, or its ciphertext was altered
     ├── RegistryError                exit 1   an OCI registry refused a request
     │   └── AuthError                         credentials are missing or rejected
     ├── IncompatibleNode             exit 3   this node cannot restore the checkpoint (lists why)
@@ -105,6 +107,10 @@ class DigestMismatch(ImageError):
 
 
 class UnsafeArchive(ImageError):
+    pass
+
+
+class DecryptionError(ImageError):
     pass
 
 
