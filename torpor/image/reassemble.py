@@ -1,0 +1,253 @@
+"""Rebuilding a generation's files from its chunk index and pack blobs, trusting neither.
+
+Before anything is written, the index is held to `RestoreLimits` (files, sizes, chunks,
+packs), so a hostile index cannot fill the disk, and every pack it names must be present
+with the size it says. Each file is created 0600 (O_EXCL, no links followed), sized with
+ftruncate so that zero runs stay holes where the filesystem allows (and read back as zeros
+where it does not), and its chunks are written at their offsets. Every chunk is checked as
+it is decompressed (frame size, content size, sha256 of the bytes), and every file's sha256
+at the end; a mismatch is DigestMismatch naming the pack or the file. Chunks are read and
+decompressed on worker threads (zstd and sha256 release the GIL), several files at once.
+On any failure, the files and directories this call created are removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import zstandard
+
+from torpor.errors import DigestMismatch, ImageError
+from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
+
+PackPath = Callable[[str], str]
+_ZEROS = bytes(1 << 20)
+_IN_FLIGHT_BYTES = 32 << 20   # per file being rebuilt
+
+
+@dataclass(frozen=True)
+class RestoreLimits:
+    """What a restore accepts from an index; the caller may lower max_total_size to the
+    free space of the target filesystem."""
+
+    max_files: int = 100_000
+    max_file_size: int = 1 << 40     # 1 TiB
+    max_total_size: int = 2 << 40    # all files together, zero runs included
+    max_chunks: int = 1 << 24
+    max_chunk_size: int = 16 << 20   # plain; torpor writes at most 1 MiB
+    max_packs: int = 1 << 16
+    max_pack_size: int = 1 << 30     # torpor writes about 32 MiB
+
+
+def check_limits(index: ChunkIndex, limits: RestoreLimits) -> None:
+    """ImageError listing every limit the index is over."""
+    over = []
+    if len(index.files) > limits.max_files:
+        over.append(f"{len(index.files)} files (limit {limits.max_files})")
+    big = [f.name for f in index.files if f.size > limits.max_file_size]
+    if big:
+        over.append(f"files over {limits.max_file_size} bytes: {', '.join(big[:5])}")
+    total = sum(f.size for f in index.files)
+    if total > limits.max_total_size:
+        over.append(f"{total} bytes of files (limit {limits.max_total_size})")
+    if len(index.chunks) > limits.max_chunks:
+        over.append(f"{len(index.chunks)} chunks (limit {limits.max_chunks})")
+    if any(c.plain_length > limits.max_chunk_size or c.length > limits.max_chunk_size + 65536
+           for c in index.chunks):
+        over.append(f"chunks over {limits.max_chunk_size} bytes")
+    if len(index.packs) > limits.max_packs:
+        over.append(f"{len(index.packs)} packs (limit {limits.max_packs})")
+    if any(p.size > limits.max_pack_size for p in index.packs):
+        over.append(f"packs over {limits.max_pack_size} bytes")
+    if over:
+        raise ImageError("the chunk index is over this node's limits: " + "; ".join(over))
+
+
+def needed_packs(index: ChunkIndex, have: Collection[str]) -> list[str]:
+    """The digests of the packs the index refers to that are not in `have`, in index order."""
+    return [p.digest for p in index.packs if p.digest not in have]
+
+
+def packs_in(directory: str) -> PackPath:
+    """Packs stored as `directory`/<hex of their sha256> (an OCI layout's blobs/sha256)."""
+    return lambda digest: os.path.join(directory, digest.removeprefix("sha256:"))
+
+
+@dataclass(frozen=True)
+class RebuiltFiles:
+    paths: tuple[str, ...]
+    bytes_written: int   # chunk bytes written (zero runs are holes)
+
+
+class _Packs:
+    """Open pack files, checked against the index's sizes; chunks read back verified."""
+
+    def __init__(self, index: ChunkIndex, pack_path: PackPath) -> None:
+        self.index = index
+        missing = [p.digest for p in index.packs if not os.path.isfile(pack_path(p.digest))]
+        if missing:
+            raise ImageError(f"{len(missing)} pack(s) of the chunk index are missing: "
+                             f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"
+                             " (fetch them first: needed_packs)")
+        self.fds: list[int] = []
+        try:
+            for pack in index.packs:
+                fd = os.open(pack_path(pack.digest), os.O_RDONLY | os.O_CLOEXEC)
+                self.fds.append(fd)
+                size = os.fstat(fd).st_size
+                if size != pack.size:
+                    raise DigestMismatch(f"pack {pack.digest} is {size} bytes, not the "
+                                         f"{pack.size} its index says")
+        except BaseException:
+            self.close()
+            raise
+        self.local = threading.local()
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def chunk(self, chunk: ChunkRecord) -> bytes:
+        pack = self.index.packs[chunk.pack].digest
+        frame = os.pread(self.fds[chunk.pack], chunk.length, chunk.offset)
+        if len(frame) != chunk.length:
+            raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
+        try:
+            if zstandard.frame_content_size(frame) != chunk.plain_length:
+                raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset "
+                                     f"{chunk.offset} does not have the length its index says")
+            if not hasattr(self.local, "zstd"):
+                self.local.zstd = zstandard.ZstdDecompressor()
+            data: bytes = self.local.zstd.decompress(frame, max_output_size=chunk.plain_length)
+        except zstandard.ZstdError as e:
+            raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset {chunk.offset} "
+                                 f"is damaged ({e})") from None
+        if len(data) != chunk.plain_length or \
+                "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest:
+            raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not match "
+                                 f"its digest {chunk.digest} (the pack is damaged)")
+        return data
+
+
+def rebuild(index: ChunkIndex, pack_path: PackPath, target: str, *,
+            limits: RestoreLimits | None = None, workers: int = 0) -> RebuiltFiles:
+    """Write every file of `index` under the directory `target` from the packs `pack_path`
+    finds; the files must not exist yet."""
+    check_limits(index, limits or RestoreLimits())
+    workers = workers or os.cpu_count() or 1
+    packs = _Packs(index, pack_path)
+    created: list[str] = []
+    failed = threading.Event()
+    fds: list[int] = []
+    try:
+        for record in index.files:
+            fds.append(_create(target, record, created))
+        jobs, fds = list(zip(index.files, fds, strict=True)), []  # the workers close them now
+        file_workers = max(1, min(len(jobs), 4))
+        with ThreadPoolExecutor(workers, thread_name_prefix="torpor-unpack") as chunk_pool, \
+                ThreadPoolExecutor(file_workers, thread_name_prefix="torpor-files") as file_pool:
+            futures = [file_pool.submit(_rebuild_file, index, packs, chunk_pool, record, fd,
+                                        2 * workers, failed) for record, fd in jobs]
+            written = 0
+            for future in futures:
+                try:
+                    written += future.result()
+                except BaseException:
+                    failed.set()
+                    raise
+        return RebuiltFiles(tuple(os.path.join(target, f.name) for f in index.files), written)
+    except BaseException:
+        failed.set()
+        for fd in fds:
+            os.close(fd)
+        for path in reversed(created):
+            try:
+                if os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except OSError:
+                pass
+        raise
+    finally:
+        packs.close()
+
+
+def _create(target: str, record: FileRecord, created: list[str]) -> int:
+    """The file's descriptor, sized; parents created 0700. Recorded in `created`."""
+    parts = record.name.split("/")
+    path = target
+    for part in parts[:-1]:
+        path = os.path.join(path, part)
+        try:
+            os.mkdir(path, 0o700)
+            created.append(path)
+        except FileExistsError:
+            if os.path.islink(path) or not os.path.isdir(path):
+                raise ImageError(f"cannot rebuild {record.name}: {path} is not a directory") from None
+    path = os.path.join(path, parts[-1])
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        raise ImageError(f"cannot rebuild {record.name}: {path} exists already") from None
+    created.append(path)
+    try:
+        os.ftruncate(fd, record.size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _rebuild_file(index: ChunkIndex, packs: _Packs, pool: ThreadPoolExecutor, record: FileRecord,
+                  fd: int, window: int, failed: threading.Event) -> int:
+    """Write one file's chunks and check its digest; returns the chunk bytes written."""
+    hasher = hashlib.sha256()
+    queue: deque[tuple[Future[bytes], int]] = deque()
+    queued = written = offset = 0
+
+    def settle() -> None:
+        nonlocal queued, written
+        future, at = queue.popleft()
+        data = future.result()
+        queued -= len(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, at + len(data) - len(view)):]
+        hasher.update(data)
+        written += len(data)
+
+    try:
+        for extent in record.extents:
+            if failed.is_set():
+                raise ImageError("rebuild stopped: another file failed")
+            if extent < 0:
+                while queue:  # the digest runs in file order
+                    settle()
+                for left in range(-extent, 0, -len(_ZEROS)):
+                    hasher.update(_ZEROS[:min(left, len(_ZEROS))])
+                offset -= extent
+                continue
+            chunk = index.chunks[extent]
+            queue.append((pool.submit(packs.chunk, chunk), offset))
+            queued += chunk.plain_length
+            offset += chunk.plain_length
+            while len(queue) > window or queued > _IN_FLIGHT_BYTES:
+                settle()
+        while queue:
+            settle()
+    finally:
+        for future, _ in queue:
+            future.cancel()
+        os.close(fd)
+    if "sha256:" + hasher.hexdigest() != record.digest:
+        raise DigestMismatch(f"{record.name} rebuilt from its chunks does not match its digest "
+                             f"{record.digest}")
+    return written
