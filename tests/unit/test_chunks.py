@@ -1,0 +1,300 @@
+"""Memory images as content-defined chunks in packs: round trips, determinism, what a next
+generation stores, and what a restore refuses. Pure (files under tmp_path), a few seconds.
+
+The exact figures on 256 MiB and on real CRIU dumps are in bench/chunks.py; the bounds here
+are generous.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
+from torpor.formats.chunk_index import ChunkIndex
+from torpor.image.chunker import PAGE, ChunkerParams, MappedFile, Span, cut
+from torpor.image.packfile import read_pack_index
+from torpor.image.packs import (
+    PACK_TARGET,
+    WrittenGeneration,
+    known_chunks,
+    known_chunks_in_packs,
+    write_generation,
+)
+from torpor.image.reassemble import RestoreLimits, needed_packs, packs_in, rebuild
+
+MIB = 1 << 20
+
+
+@functools.cache
+def random_bytes(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+@functools.cache
+def memory_like(seed: int) -> bytes:
+    """24 MiB: random pages, text pages, a 4 MiB zero run, isolated zero pages, a partial page."""
+    rnd = random.Random(seed)
+    text = b"".join(b"key-%d=value-%d;" % (i, i * 7) for i in range(300_000))
+    parts = [rnd.randbytes(12 * MIB), text[:4 * MIB], bytes(4 * MIB)]
+    for _ in range(64):
+        parts += [rnd.randbytes(3 * PAGE), bytes(PAGE)]
+    parts.append(rnd.randbytes(4 * MIB - 64 * 4 * PAGE))
+    parts.append(b"tail" * 300)  # 1200 bytes: a partial last page
+    return b"".join(parts)
+
+
+def write_files(root: Path, files: dict[str, bytes]) -> list[str]:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return sorted(files)
+
+
+def generation(tmp_path: Path, label: str, files: dict[str, bytes],
+               previous: WrittenGeneration | None = None, packs: Path | None = None,
+               pack_target: int = PACK_TARGET, workers: int = 0) -> WrittenGeneration:
+    root = tmp_path / label
+    root.mkdir()
+    names = write_files(root, files)
+    packs = packs or tmp_path / "packs"
+    packs.mkdir(exist_ok=True)
+    known = known_chunks(previous.index) if previous else None
+    return write_generation(str(root), names, str(packs), known=known, pack_target=pack_target,
+                            workers=workers)
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# --- the chunker ------------------------------------------------------------------------------
+
+def test_spans_cover_the_file_at_page_boundaries_within_the_sizes() -> None:
+    data = memory_like(1)
+    params = ChunkerParams()
+    spans = list(cut(data, params))
+    assert spans[0].offset == 0 and sum(s.length for s in spans) == len(data)
+    for a, b in itertools.pairwise(spans):
+        assert a.offset + a.length == b.offset and not (a.zero and b.zero)
+    for i, span in enumerate(spans):
+        assert span.offset % PAGE == 0
+        if span.zero:
+            assert span.length % PAGE == 0 and not any(data[span.offset:span.offset + span.length])
+            continue
+        assert span.length <= params.max_size
+        followed_by_zero = i + 1 < len(spans) and spans[i + 1].zero
+        if i + 1 < len(spans) and not followed_by_zero:
+            assert span.length >= params.min_size
+    zero = sum(s.length for s in spans if s.zero)
+    assert zero == 4 * MIB + 64 * PAGE  # every all-zero page, and nothing else
+    full = [s.length for s in cut(random_bytes(16 * MIB, 1), params)]
+    assert 0.75 * params.avg_size < sum(full) / len(full) < 1.25 * params.avg_size
+
+
+def test_a_sparse_file_cuts_like_the_dense_one(tmp_path: Path) -> None:
+    data = memory_like(1)
+    dense = tmp_path / "dense"
+    dense.write_bytes(data)
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as f:
+        f.truncate(len(data))
+        start = 12 * MIB + 4 * MIB  # the zero run stays a hole
+        f.write(data[:start])
+        f.seek(start + 4 * MIB)
+        f.write(data[start + 4 * MIB:])
+    with MappedFile(str(dense)) as a, MappedFile(str(sparse)) as b:
+        assert list(a.spans()) == list(b.spans())
+    tail_hole = tmp_path / "tail"
+    with open(tail_hole, "wb") as f:
+        f.write(b"x" * PAGE)
+        f.truncate(3 * PAGE + 100)
+    with MappedFile(str(tail_hole)) as t:
+        assert list(t.spans()) == list(cut(tail_hole.read_bytes()))
+        assert list(t.spans())[-1] == Span(3 * PAGE, 100)
+
+
+# --- packs and the index ----------------------------------------------------------------------
+
+def test_round_trip_rebuilds_every_file_exactly_with_holes(tmp_path: Path) -> None:
+    files = {"pages-1.img": memory_like(1), "pages-2.img": random_bytes(3 * MIB + 17, 5),
+             "sub/small.img": b"core", "empty.img": b""}
+    gen = generation(tmp_path, "g1", files)
+    assert [f.name for f in gen.index.files] == sorted(files)
+    assert gen.stats.zero_bytes == 4 * MIB + 64 * PAGE
+    index = ChunkIndex.from_json(gen.index.to_json())
+    assert index == gen.index
+    out = tmp_path / "out"
+    out.mkdir()
+    rebuilt = rebuild(index, packs_in(str(tmp_path / "packs")), str(out), workers=2)
+    assert len(rebuilt.paths) == 4
+    for name, data in files.items():
+        path = out / name
+        assert path.read_bytes() == data
+        assert sha256(data) == next(f.digest for f in index.files if f.name == name)
+        assert path.stat().st_mode & 0o777 == 0o600
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as f:
+        f.truncate(MIB)
+    if probe.stat().st_blocks == 0:  # this filesystem keeps holes
+        assert (out / "pages-1.img").stat().st_blocks * 512 <= len(files["pages-1.img"]) - 4 * MIB
+
+
+def test_same_input_gives_identical_packs_and_index(tmp_path: Path) -> None:
+    files = {"pages-1.img": memory_like(1)}
+    a = generation(tmp_path, "a", files, packs=tmp_path / "packs-a", pack_target=4 * MIB)
+    b = generation(tmp_path, "b", files, packs=tmp_path / "packs-b", pack_target=4 * MIB, workers=1)
+    assert a.index.to_json() == b.index.to_json()
+    assert [p.digest for p in a.new_packs] == [p.digest for p in b.new_packs]
+    assert len(a.new_packs) > 1
+    for pack in a.new_packs:
+        hex_ = pack.digest.removeprefix("sha256:")
+        data = (tmp_path / "packs-a" / hex_).read_bytes()
+        assert data == (tmp_path / "packs-b" / hex_).read_bytes() and sha256(data) == pack.digest
+
+
+def test_unchanged_content_stores_nothing_new(tmp_path: Path) -> None:
+    files = {"pages-1.img": random_bytes(16 * MIB, 1)}
+    g1 = generation(tmp_path, "g1", files)
+    g2 = generation(tmp_path, "g2", files, previous=g1)
+    assert g2.stats.new_bytes == 0 and g2.new_packs == ()
+    assert g2.index.to_json() == g1.index.to_json()
+    assert needed_packs(g2.index, {p.digest for p in g1.index.packs}) == []
+
+
+def test_a_rewritten_region_stores_about_that_region(tmp_path: Path) -> None:
+    data = bytearray(random_bytes(16 * MIB, 1))
+    g1 = generation(tmp_path, "g1", {"pages-1.img": bytes(data)})
+    region = len(data) // 10
+    data[6 * MIB:6 * MIB + region] = random_bytes(region, 9)
+    g2 = generation(tmp_path, "g2", {"pages-1.img": bytes(data)}, previous=g1)
+    # the region, and at most a chunk on either side of it
+    assert region <= g2.stats.new_bytes <= region + 2 * ChunkerParams().max_size
+    assert g2.stats.new_pack_bytes <= region + 2 * ChunkerParams().max_size + 64 * 1024
+    have = {p.digest for p in g1.index.packs}
+    assert needed_packs(g2.index, have) == [p.digest for p in g2.new_packs]
+
+
+def test_one_changed_page_changes_about_one_chunk(tmp_path: Path) -> None:
+    data = bytearray(random_bytes(16 * MIB, 1))
+    g1 = generation(tmp_path, "g1", {"pages-1.img": bytes(data)})
+    data[5 * MIB + 123] ^= 0xFF
+    g2 = generation(tmp_path, "g2", {"pages-1.img": bytes(data)}, previous=g1)
+    assert 1 <= g2.stats.new_chunks <= 2
+    assert g2.stats.new_bytes <= 2 * 1 * MIB
+
+
+def test_inserted_and_moved_pages_still_match(tmp_path: Path) -> None:
+    data = random_bytes(16 * MIB, 1)
+    g1 = generation(tmp_path, "g1", {"pages-1.img": data})
+    shifted = data[:MIB] + random_bytes(3 * PAGE, 12) + data[MIB:]
+    g2 = generation(tmp_path, "g2", {"pages-1.img": shifted}, previous=g1)
+    assert g2.stats.new_bytes <= 0.05 * len(data)
+    moved = data[10 * MIB:] + data[:10 * MIB]  # the same pages at other offsets, other files
+    g3 = generation(tmp_path, "g3", {"pages-9.img": moved[:7 * MIB], "pages-8.img": moved[7 * MIB:]},
+                    previous=g1)
+    assert g3.stats.new_bytes <= 0.1 * len(data)
+
+
+def test_chunks_of_a_mostly_dead_pack_are_stored_again(tmp_path: Path) -> None:
+    data = bytearray(random_bytes(16 * MIB, 1)[:8 * MIB])
+    g1 = generation(tmp_path, "g1", {"pages-1.img": bytes(data)}, pack_target=4 * MIB)
+    first = g1.index.packs[0].digest
+    data[:3 * MIB] = random_bytes(3 * MIB, 16)  # most of the first pack is no longer used
+    g2 = generation(tmp_path, "g2", {"pages-1.img": bytes(data)}, previous=g1, pack_target=4 * MIB)
+    assert first in {p.digest for p in g2.index.packs}
+    g3 = generation(tmp_path, "g3", {"pages-1.img": bytes(data)}, previous=g2, pack_target=4 * MIB)
+    assert first not in {p.digest for p in g3.index.packs}
+    assert 0 < g3.stats.new_bytes <= 2 * MIB
+    out = tmp_path / "out"
+    out.mkdir()
+    rebuild(g3.index, packs_in(str(tmp_path / "packs")), str(out))
+    assert (out / "pages-1.img").read_bytes() == data
+
+
+def test_zero_pages_are_recorded_not_stored(tmp_path: Path) -> None:
+    gen = generation(tmp_path, "g1", {"pages-1.img": bytes(16 * MIB) + b"x" * PAGE + bytes(PAGE)})
+    assert gen.stats.zero_bytes == 16 * MIB + PAGE
+    assert gen.stats.new_bytes == PAGE
+    assert sum(p.size for p in gen.new_packs) < 2 * PAGE
+    assert gen.index.files[0].extents == (-16 * MIB, 0, -PAGE)
+
+
+def test_each_pack_carries_its_own_index_and_is_a_zstd_stream(tmp_path: Path) -> None:
+    data = memory_like(1)
+    gen = generation(tmp_path, "g1", {"pages-1.img": data}, pack_target=4 * MIB)
+    paths = [str(tmp_path / "packs" / p.digest.removeprefix("sha256:")) for p in gen.new_packs]
+    assert known_chunks_in_packs(paths) == known_chunks(gen.index)
+    plain = b""
+    for path in paths:
+        with open(path, "rb") as f:
+            plain += zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read()
+    chunks = {c.digest: c for c in gen.index.chunks}
+    assert len(plain) == sum(c.plain_length for c in chunks.values())
+    assert sum(len(read_pack_index(p).chunks) for p in paths) == len(chunks)
+
+
+# --- what a restore refuses -------------------------------------------------------------------
+
+def test_a_damaged_pack_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
+    gen = generation(tmp_path, "g1", {"pages-1.img": memory_like(1), "a/b.img": b"x" * 5000})
+    chunk = max(gen.index.chunks, key=lambda c: c.length)
+    pack = tmp_path / "packs" / gen.index.packs[chunk.pack].digest.removeprefix("sha256:")
+    blob = bytearray(pack.read_bytes())
+    blob[chunk.offset + chunk.length // 2] ^= 0x01
+    pack.write_bytes(bytes(blob))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DigestMismatch, match="damaged"):
+        rebuild(gen.index, packs_in(str(tmp_path / "packs")), str(out))
+    assert list(out.iterdir()) == []
+    pack.write_bytes(bytes(blob[:-1]))
+    with pytest.raises(DigestMismatch, match="bytes, not the"):
+        rebuild(gen.index, packs_in(str(tmp_path / "packs")), str(out))
+    pack.unlink()
+    with pytest.raises(ImageError, match="missing"):
+        rebuild(gen.index, packs_in(str(tmp_path / "packs")), str(out))
+
+
+def test_a_hostile_index_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    gen = generation(tmp_path, "g1", {"pages-1.img": random_bytes(16 * MIB, 1)[:2 * MIB]})
+    good = json.loads(gen.index.to_json())
+
+    def refused(change: dict[str, object], error: type[Exception], match: str) -> None:
+        doc = json.loads(json.dumps(good))
+        for key, value in change.items():
+            target = doc
+            *path, last = key.split(".")
+            for part in path:
+                target = target[int(part)] if part.isdigit() else target[part]
+            target[int(last) if last.isdigit() else last] = value
+        with pytest.raises(error, match=match):
+            ChunkIndex.from_json(json.dumps(doc).encode())
+
+    refused({"version": 2}, ImageError, "version 2 is not known")
+    refused({"files.0.name": "../etc/passwd"}, UnsafeArchive, "plain relative")
+    refused({"files.0.name": "/etc/passwd"}, UnsafeArchive, "plain relative")
+    refused({"files.0.size": 1}, ImageError, "add up")
+    refused({"files.0.extents": [99]}, ImageError, "not listed")
+    refused({"chunks.0.2": 1 << 40}, ImageError, "outside its pack")
+    refused({"packs.0.0": "sha256:xyz"}, ImageError, "not a sha256 digest")
+    refused({"surprise": 1}, ImageError, "unexpected")
+    with pytest.raises(ImageError, match="over the limit"):
+        ChunkIndex.from_json(gen.index.to_json(), max_bytes=100)
+    huge = json.loads(gen.index.to_json())
+    huge["files"][0]["extents"].append(-(1 << 50))
+    huge["files"][0]["size"] += 1 << 50
+    index = ChunkIndex.from_json(json.dumps(huge).encode())
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ImageError, match="over this node's limits"):
+        rebuild(index, packs_in(str(tmp_path / "packs")), str(out), limits=RestoreLimits())
+    assert list(out.iterdir()) == []
