@@ -1,0 +1,138 @@
+"""Real CRIU and chunked memory images: a process dumped, its images written as chunks in
+packs and rebuilt with its zero pages as holes, comes back from the rebuilt directory with
+the same memory; a second dump of an idle process adds almost nothing new."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torpor.image.packs import known_chunks, write_generation
+from torpor.image.reassemble import packs_in, rebuild
+
+pytestmark = pytest.mark.real
+MIB = 1 << 20
+
+HOLDER = """
+import hashlib, os, signal, sys, time
+blob = bytearray(os.urandom(48 << 20))
+blob[16 << 20:32 << 20] = bytes(16 << 20)   # written zeros: CRIU dumps these pages
+def report(*_):
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(hashlib.sha256(blob).hexdigest())
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+signal.signal(signal.SIGUSR1, report)
+report()
+while True:
+    time.sleep(0.2)
+"""
+
+
+def criu() -> str:
+    path = shutil.which("criu", path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin")
+    assert path, "criu is missing: run `make deps`"
+    return path
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def end(pid: int) -> None:
+    """End the process this test started (or restored), by pid."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    report = tmp_path / "report"
+    with open(tmp_path / "holder.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(report)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    try:
+        wait_for(report)
+        yield proc, report
+    finally:
+        if proc.poll() is None:
+            end(proc.pid)
+        proc.wait()
+
+
+def dump(pid: int, directory: Path, *extra: str) -> list[str]:
+    directory.mkdir()
+    subprocess.run([criu(), "dump", "-t", str(pid), "-D", str(directory), "--shell-job",
+                    "-o", "dump.log", *extra], check=True, capture_output=True)
+    return sorted(p.name for p in directory.iterdir() if p.name != "dump.log")
+
+
+def test_a_process_restores_from_rebuilt_sparse_images(
+        tmp_path: Path, holder: tuple[subprocess.Popen[bytes], Path]) -> None:
+    proc, report = holder
+    pid = proc.pid
+    memory = report.read_text()
+    names = dump(pid, tmp_path / "dump")  # CRIU ends the process here
+    proc.wait()                           # and its pid is free for the restore
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    gen = write_generation(str(tmp_path / "dump"), names, str(packs))
+    assert gen.stats.zero_bytes >= 16 * MIB
+    assert gen.stats.new_pack_bytes < gen.stats.total_bytes - 15 * MIB
+    rebuilt = tmp_path / "rebuilt"
+    rebuilt.mkdir()
+    rebuild(gen.index, packs_in(str(packs)), str(rebuilt))
+    pages = next(rebuilt / n for n in names if n.startswith("pages-"))
+    assert pages.stat().st_blocks * 512 < pages.stat().st_size - 15 * MIB  # holes, not zeros
+    for name in names:
+        original = (tmp_path / "dump" / name).read_bytes()
+        assert hashlib.sha256((rebuilt / name).read_bytes()).digest() == \
+            hashlib.sha256(original).digest()
+    report.unlink()
+    subprocess.run([criu(), "restore", "-D", str(rebuilt), "--shell-job", "-d",
+                    "-o", "restore.log"], check=True, capture_output=True)
+    try:  # the restored process, with the pid it had
+        os.kill(pid, signal.SIGUSR1)
+        assert wait_for(report) == memory
+    finally:
+        end(pid)
+
+
+def test_a_second_dump_of_an_idle_process_is_almost_all_reused(
+        tmp_path: Path, holder: tuple[subprocess.Popen[bytes], Path]) -> None:
+    pid = holder[0].pid
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    first = dump(pid, tmp_path / "d1", "--leave-running")
+    g1 = write_generation(str(tmp_path / "d1"), first, str(packs))
+    time.sleep(1)
+    second = dump(pid, tmp_path / "d2", "--leave-running")
+    g2 = write_generation(str(tmp_path / "d2"), second, str(packs), known=known_chunks(g1.index))
+    sent = g2.stats.new_pack_bytes + len(g2.index.to_json())
+    assert sent <= 0.05 * (g1.stats.new_pack_bytes + len(g1.index.to_json()))
