@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import zstandard
 
+from torpor.formats.oci import Descriptor
 from torpor.image import ocicrypt
 from torpor.image.encryption_keys import load_decryption_key, parse_recipient
-from torpor.formats.oci import Descriptor
 from torpor.registry.layout import Layout
 
 from .support.checkpoint_layouts import CRIU_LAYER, UNKNOWN_LAYER, write_checkpoint_layout
