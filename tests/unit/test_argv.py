@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from torpor.shim.argv import Invocation
@@ -69,8 +71,10 @@ def test_with_flags_inserts_after_subcommand_only() -> None:
     assert out == [*SHIM, "restore", "--tcp-established", "--bundle", "/b", "-no-subreaper", "c"]
 
 
-def test_dispatch_table_is_small() -> None:
-    assert set(DISPATCH) == {"create", "run", "checkpoint", "restore"}
+def test_dispatch_table_is_small_and_the_front_end_agrees() -> None:
+    assert set(DISPATCH) == {"checkpoint", "restore"}
+    source = (Path(__file__).resolve().parents[2] / "torpor" / "shim" / "frontend.c").read_text()
+    assert 'INTERCEPTED[] = {"checkpoint", "restore", NULL}' in source
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -1,10 +1,12 @@
 """Fast launchers for torpor-runc and torpor-hook, and containerd's shim launcher.
 
-pip's console scripts start Python with `site`, which costs ~10 ms before torpor runs a line.
-torpor-runc sits on every container operation, so the launchers written here start the
-interpreter with `-S` and put torpor's own import paths on sys.path themselves; the pass-through
-path needs nothing else. Paths that need third-party packages (checkpoint, restore) find them
-through the same sys.path.
+torpor-runc sits on every container operation, so it is a small compiled front end
+(torpor/shim/frontend.c, built here with the machine's C compiler): it execs runc for every call
+torpor does not intercept, and runs torpor-runc's Python program only for checkpoint and
+restore. Where no compiler is found, torpor-runc is that Python program's launcher itself.
+pip's console scripts start Python with `site`, which costs ~10 ms before torpor runs a line, so
+the Python launchers written here start the interpreter with `-S` and put torpor's own import
+paths on sys.path themselves.
 
 `containerd-shim-torpor-v2` lets clients that pick a runtime by name (`ctr run --runtime
 io.containerd.torpor.v2`, `nerdctl run --runtime ...`) use torpor with no options: containerd
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 
 import torpor
 
@@ -77,20 +81,54 @@ def precompile() -> None:
     compileall.compile_dir(os.path.dirname(os.path.abspath(torpor.__file__)), quiet=2)
 
 
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def compile_frontend(out: str, python: str, script: str) -> bool:
+    """Build torpor-runc's front end at `out`; False when there is no working C compiler."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        return False
+    source = os.path.join(os.path.dirname(os.path.abspath(torpor.__file__)), "shim", "frontend.c")
+    with tempfile.TemporaryDirectory(prefix="torpor-frontend-") as build:
+        header = os.path.join(build, "paths.h")
+        with open(header, "w") as f:
+            f.write(f"#define TORPOR_PYTHON {_c_string(python)}\n"
+                    f"#define TORPOR_SCRIPT {_c_string(script)}\n")
+        binary = os.path.join(build, "torpor-runc")
+        result = subprocess.run([compiler, "-O2", "-Wall", "-include", header, "-o", binary,
+                                 source], capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.stderr.write(f"torpor: building torpor-runc's front end failed, using the Python "
+                             f"launcher:\n{result.stderr}")
+            return False
+        os.chmod(binary, 0o755)
+        shutil.move(binary, out + ".tmp")
+        os.replace(out + ".tmp", out)
+    return True
+
+
 def install(bin_dir: str, lib_dir: str | None = None, python: str | None = None) -> dict[str, str]:
     """Write the launchers into `bin_dir`; returns name -> path."""
     precompile()
     bin_dir = os.path.abspath(bin_dir)
     os.makedirs(bin_dir, exist_ok=True)
     python = python or sys.executable
+    runc_dir = os.path.abspath(lib_dir or os.path.join(bin_dir, "..", "lib", "torpor", "runc"))
     written: dict[str, str] = {}
     for name, module in ENTRY_POINTS.items():
         path = os.path.join(bin_dir, name)
         _write_executable(path, PYTHON_LAUNCHER.format(
             python=python, version=torpor.__version__, paths=import_paths(), module=module))
         written[name] = path
-    runc_dir = os.path.abspath(lib_dir or os.path.join(bin_dir, "..", "lib", "torpor", "runc"))
+    # torpor-runc: the compiled front end, with its Python program beside the runc directory
+    script = os.path.join(os.path.dirname(runc_dir), "torpor-runc.py")
     os.makedirs(runc_dir, exist_ok=True)
+    os.replace(written["torpor-runc"], script)
+    written["torpor-runc.py"] = script
+    if not compile_frontend(written["torpor-runc"], python, script):
+        shutil.copy2(script, written["torpor-runc"])
     link = os.path.join(runc_dir, "runc")
     if os.path.lexists(link):
         os.unlink(link)

@@ -1,9 +1,12 @@
 """torpor-runc: a runc-compatible OCI runtime that hands almost everything to runc.
 
 containerd's runc shim, podman or CRI-O run this in place of runc. A plain scan of argv decides:
-the subcommands in DISPATCH get torpor's treatment (spec modifiers, checkpoint and restore
-steps), and every other call is `execve`d to the low-level runtime untouched, so argv, stdio,
-inherited fds, signals and the exit status stay runc's.
+the subcommands in DISPATCH (checkpoint and restore) get torpor's treatment, and every other call
+(create and start included: torpor needs nothing from them) is `execve`d to the low-level runtime
+untouched, so argv, stdio, inherited fds, signals and the exit status stay runc's. Installed
+launchers put a compiled front end (frontend.c) before this program, which does the same scan
+and execs runc without starting Python; this module is what it runs for checkpoint and restore,
+and the whole of torpor-runc where no C compiler was found.
 
 This module is the fast path: it imports `os`, `sys`, `torpor.shim.lowlevel` and the argv scan
 (`torpor.shim.argv`, stdlib only) and nothing else before the decision (each extra module costs
@@ -24,10 +27,9 @@ if TYPE_CHECKING:
     from torpor.config import Config
     from torpor.shim.argv import Invocation
 
-# subcommand -> module with `run(ctx) -> int`; anything else goes straight to runc.
+# subcommand -> module with `run(ctx) -> int`; anything else goes straight to runc. The compiled
+# front end (frontend.c) intercepts the same subcommands: keep the two lists equal.
 DISPATCH = {
-    "create": "torpor.shim.create_cmd",
-    "run": "torpor.shim.create_cmd",
     "checkpoint": "torpor.shim.checkpoint_cmd",
     "restore": "torpor.shim.restore_cmd",
 }
@@ -79,6 +81,10 @@ class Context:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # run by the compiled front end: argv[0] is our script, the front end says where it is
+    front_end = os.environ.pop("TORPOR_RUNC_PATH", None)
+    if front_end and argv is None:
+        sys.argv[0] = front_end
     argv = list(sys.argv if argv is None else argv)
     try:
         runtime_name, cfg = _config_runtime()

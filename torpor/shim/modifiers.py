@@ -1,8 +1,8 @@
-"""Small, idempotent edits of an OCI spec, applied by torpor-runc before `create` and `restore`.
+"""Small, idempotent edits of an OCI spec, applied by torpor-runc before `restore`.
 
 Each modifier changes the spec dict in place and says whether it changed anything; applying one
-twice equals applying it once, because a restored spec already carries the edits of its
-`create` (and may come from a node where torpor lives at another path).
+twice equals applying it once, because a spec restored a second time already carries the edits
+of the first (and may come from a node where torpor lives at another path).
 """
 
 from __future__ import annotations
@@ -65,3 +65,16 @@ def apply(spec: Spec, modifiers: list[SpecModifier]) -> bool:
     for modifier in modifiers:
         changed = modifier.modify(spec) or changed
     return changed
+
+
+def torpor_hooks(hook_path: str, state_dir: str) -> list[SpecModifier]:
+    """The modifiers a restore applies: torpor-hook at createRuntime (it sets up the restored
+    network namespace) and poststop (it removes the container's record directory)."""
+    import os
+
+    from torpor.errors import ConfigError
+
+    if not os.path.isabs(hook_path) or not os.access(hook_path, os.X_OK):
+        raise ConfigError(f"torpor-hook not found at {hook_path}",
+                          hint="install torpor-hook beside torpor-runc or set [runtime] hook_path")
+    return [HookModifier(hook_path, state_dir)]

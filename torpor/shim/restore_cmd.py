@@ -2,7 +2,7 @@
 
 The steps, in order:
 
- 1. write torpor's hooks into the restore-time spec (as for create);
+ 1. write torpor's hooks into the restore-time spec (torpor-hook at createRuntime and poststop);
  2. read torpor/state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
     file-locks, ext-unix-sk, shell-job), as they were at checkpoint time;
@@ -35,7 +35,6 @@ from torpor.formats import state as container_state
 from torpor.formats.oci import OciSpec
 from torpor.formats.state import ContainerState
 from torpor.shim import criu_log, lowlevel, modifiers, runc, spec
-from torpor.shim.create_cmd import spec_modifiers
 
 if TYPE_CHECKING:
     from torpor.shim.main import Context
@@ -88,7 +87,8 @@ def run(ctx: Context) -> int:
 
     # 1. hooks, 2. torpor's state
     config = spec.load(bundle)
-    changed = modifiers.apply(config, spec_modifiers(ctx))
+    changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
+                                                             ctx.cfg.runtime_state_dir))
     state = read_state(image_path)
     if state is None:
         if changed:
