@@ -23,6 +23,7 @@ import signal
 import statistics
 import sys
 import time
+from typing import Any
 
 from bench.harness import IMAGE, world
 from tests.support.containerd import Node
@@ -31,11 +32,13 @@ from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
 from torpor.containerd.runtime import RUNC_SHIM, SPEC_TYPE_URL, pack_any, runc_options
 from torpor.formats.metadata import RuntimeInfo
+from torpor.formats.oci import OciSpec
 
 RUNTIME_CALLS_PER_ROUND = 5
 
 
-def one_round(client: Client, spec: dict, chain_id: str, name: str, binary: str | None) -> float:
+def one_round(client: Client, spec: OciSpec, chain_id: str, name: str,
+              binary: str | None) -> float:
     spec = json.loads(json.dumps(spec))
     spec["linux"]["cgroupsPath"] = f"/{client.namespace}/{name}"
     options = runc_options(RuntimeInfo(RUNC_SHIM, binary_name=binary)) if binary else None
@@ -57,7 +60,7 @@ def one_round(client: Client, spec: dict, chain_id: str, name: str, binary: str 
     return time.perf_counter() - start
 
 
-def client_spec(spec: dict):  # type: ignore[no-untyped-def]
+def client_spec(spec: OciSpec) -> Any:
 
     return pack_any(SPEC_TYPE_URL, json.dumps(spec).encode())
 
@@ -95,7 +98,7 @@ def main() -> int:
             with Client(node.address, node.namespace) as client:
                 spec = json.loads(client.get_container("template").spec.value)
                 node.ctr("containers", "delete", "template")
-                chain = containerd_image.image_chain(client, IMAGE)["chain_id"]
+                chain = containerd_image.image_chain(client, IMAGE).chain_id
                 times: dict[str, list[float]] = {"runc": [], "torpor-runc": []}
                 for warm in range(3):
                     one_round(client, spec, chain, f"warm-{warm}", None)

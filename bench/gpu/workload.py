@@ -35,7 +35,7 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 class TorchMemory:
     def __init__(self, nbytes: int) -> None:
-        import torch
+        import torch  # type: ignore[import-not-found]  # on the GPU host only
 
         self.torch = torch
         self.sizes = [min(CHUNK, nbytes - off) // 4 for off in range(0, nbytes, CHUNK)]

@@ -25,8 +25,10 @@ class NetNS:
         return f"/var/run/netns/{self.name}"
 
     def run(self, *cmd: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", self.name, *cmd], check=check,
-                              capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+        result: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+            ["ip", "netns", "exec", self.name, *cmd], check=check, capture_output=True, text=True,
+            **kw)
+        return result
 
     def delete(self) -> None:
         if os.path.exists(self.path):
