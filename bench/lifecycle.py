@@ -82,7 +82,7 @@ def report(label: str, rounds: int, times: dict[str, list[float]]) -> None:
     print(f"  torpor-runc:  median {torpor:7.1f} ms per container lifecycle")
     print(f"  ratio:        {torpor / bare:.3f}")
     print(f"  added:        {added:.1f} ms per runtime call "
-          f"({RUNTIME_CALLS_PER_ROUND} calls and 2 hooks per round)")
+          f"({RUNTIME_CALLS_PER_ROUND} runtime calls per round, no hooks)")
 
 
 def main() -> int:
