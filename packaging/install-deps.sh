@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
 # Install what torpor needs on a Debian 12 (bookworm) or 13 (trixie) machine, as root.
 #
-#   packaging/install-deps.sh            system packages + CRIU >= 4.2 + the Python venv
+#   packaging/install-deps.sh            system packages + CRIU >= 4.2 + the test tools + the venv
 #   packaging/install-deps.sh --system   system packages and CRIU only
 #   packaging/install-deps.sh --python   the Python venv only (make unit, make lint)
 #
+# The test tools live in a private prefix, $PREFIX/lib/torpor-deps, and replace nothing:
+#   containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x (Debian sid's
+#                       .deb, unpacked), beside Debian's containerd 1.6 on PATH
+#   bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, built from pinned Go modules
+#                       (packaging/go/<tool>/: go.mod and go.sum, the hashes the toolchain checks)
+#   go/                 Debian sid's Go, only where the machine has no go new enough
+#
 # Every step checks first and skips work already done: a second run takes seconds.
-# Nothing here names a package host: the Debian mirror comes from the machine's own apt sources.
+# Nothing here names a package host: the Debian mirror comes from the machine's own apt sources,
+# Go modules come through the machine's own Go proxy setting.
+# Knobs: TORPOR_PREFIX (/usr/local), TORPOR_BUILD_DIR (/var/cache/torpor-build: downloads and the
+# Go caches), TORPOR_VENV (.venv).
 set -euo pipefail
 
 CRIU_VERSION=4.2.1
 CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 CRIU_MIN=40200                      # criu --version as a number, 4.2.0
+# containerd 2.x: Debian sid's binary package (its binaries need glibc 2.34: Debian 12 has 2.36)
+CONTAINERD2_DEB=containerd=2.1.9+ds1-5
+CONTAINERD2_SHA256=2dda86ce7033fd612fc50e136679d8174ccad680eb29cd4611e0d2a1b84cf591
+# Go: where no go as new as packaging/go/*/go.mod ask for is found, sid's Go
+GO_DEBS=("golang-1.26-go=1.26.10-1 497c936cb5050aaeb52021e757aafc8c959248a4c7015615f40390882b76683c"
+         "golang-1.26-src=1.26.10-1 c535cfd05d879c7cb2b28577fc9011fe1639d36e957d5077bb5c862b07b87c02")
+# tool | main package (its module's version is pinned in packaging/go/<tool>/go.mod) | cgo |
+# build tags | -X settings as the tool's own Makefile makes them ({v}: the module's version,
+# v1.2.3; {n}: 1.2.3)
+GO_TOOLS=(
+    "runc|github.com/opencontainers/runc|1|seccomp urfave_cli_no_docs|"
+    "nerdctl|github.com/containerd/nerdctl/v2/cmd/nerdctl|0||github.com/containerd/nerdctl/v2/pkg/version.Version={v}"
+    "crictl|sigs.k8s.io/cri-tools/cmd/crictl|0||sigs.k8s.io/cri-tools/pkg/version.Version={v}"
+    "checkpointctl|github.com/checkpoint-restore/checkpointctl|0||main.name=checkpointctl main.version={n}"
+)
 PREFIX=${TORPOR_PREFIX:-/usr/local}
+DEPS=$PREFIX/lib/torpor-deps
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOP=$(cd "$HERE/.." && pwd)
 VENV=${TORPOR_VENV:-$TOP/.venv}
@@ -24,6 +50,7 @@ die() { log "error: $*"; exit 1; }
 
 RUNTIME_PKGS=(containerd runc docker-registry busybox-static skopeo iproute2 iptables
               apache2-utils openssl ca-certificates gcc make python3-venv python3-dev tar)
+TEST_PKGS=(containernetworking-plugins libseccomp-dev pkg-config)   # CNI for CRI tests; runc's cgo
 CRIU_BUILD_PKGS=(libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev libcap-dev
                  libbsd-dev libnftables-dev libgnutls28-dev uuid-dev pkg-config python3-protobuf
                  gcc make)
@@ -80,33 +107,99 @@ pick_mirror() {
     return 1
 }
 
-fetch_criu_tarball() (
-    # A subshell: its EXIT trap removes the temporary apt state however it ends, and nothing of
-    # it outlives the function (a RETURN trap would, and fire later with $tmp unset).
-    local dest=$1 mirror tmp uri name
+SID_APT=""   # a temporary apt state that knows only sid of the machine's own mirror
+
+sid_apt_init() {
+    # Made once, in the main shell (callers run sid_apt inside $(...)), removed at exit.
+    [ -n "$SID_APT" ] && return 0
+    local mirror
     mirror=$(pick_mirror) || die "no Debian mirror found in /etc/apt/sources.list*; add one and rerun"
-    tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
-    echo "deb-src $mirror sid main" >"$tmp/sid.list"
-    local opts=(-o "Dir::Etc::SourceList=$tmp/sid.list" -o "Dir::Etc::SourceParts=/dev/null"
-                -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Get::List-Cleanup=0")
-    log "looking up criu's source in $mirror (sid)"
-    apt-get "${opts[@]}" update -q >/dev/null 2>&1 || apt-get "${opts[@]}" update
-    uri=$(cd "$tmp" && apt-get "${opts[@]}" --print-uris source "criu=${CRIU_VERSION}*" 2>/dev/null \
+    SID_APT=$(mktemp -d)
+    trap 'rm -rf "$SID_APT"' EXIT
+    mkdir -p "$SID_APT/lists/partial" "$SID_APT/cache/archives/partial"
+    printf 'deb %s sid main\ndeb-src %s sid main\n' "$mirror" "$mirror" >"$SID_APT/sid.list"
+    log "reading the package lists of $mirror (sid)"
+    sid_apt update -q >/dev/null 2>&1 || sid_apt update
+}
+
+sid_apt() {
+    apt-get -o "Dir::Etc::SourceList=$SID_APT/sid.list" -o "Dir::Etc::SourceParts=/dev/null" \
+            -o "Dir::State::Lists=$SID_APT/lists" -o "Dir::Cache=$SID_APT/cache" \
+            -o "APT::Get::List-Cleanup=0" "$@"
+}
+
+download_dir() {
+    mkdir -p "$STATE/download"
+    # apt-helper downloads as _apt where it can
+    id _apt >/dev/null 2>&1 && chown _apt "$STATE/download"
+    echo "$STATE/download"
+}
+
+download() {
+    # download URI DEST SHA256
+    log "downloading $1"
+    /usr/lib/apt/apt-helper download-file "$1" "$2" "SHA256:$3" >/dev/null \
+        || die "download of $1 failed or its sha256 is not $3"
+}
+
+fetch_criu_tarball() {
+    local dest=$1 uri name
+    sid_apt_init
+    uri=$(cd "$SID_APT" && sid_apt --print-uris source "criu=${CRIU_VERSION}*" 2>/dev/null \
           | awk -F"'" '/orig\.tar/{print $2; exit}') || true
     if [ -z "$uri" ]; then
         # sid may have moved on: the tarball's name is fixed, so build its URI beside the current one.
-        uri=$(cd "$tmp" && apt-get "${opts[@]}" --print-uris source criu 2>/dev/null \
+        uri=$(cd "$SID_APT" && sid_apt --print-uris source criu 2>/dev/null \
               | awk -F"'" '/orig\.tar/{print $2; exit}') || true
-        [ -n "$uri" ] || die "apt could not find criu's source package in $mirror sid"
+        [ -n "$uri" ] || die "apt could not find criu's source package in sid"
         name=${uri##*/}
         uri="${uri%/*}/criu_${CRIU_VERSION}.orig.tar.${name##*.orig.tar.}"
     fi
-    log "downloading $uri"
-    /usr/lib/apt/apt-helper download-file "$uri" "$dest" "SHA256:$CRIU_SHA256" >/dev/null \
-        || die "download of $uri failed or its sha256 is not $CRIU_SHA256"
-)
+    download "$uri" "$dest" "$CRIU_SHA256"
+}
+
+sid_deb_path() {
+    # sid_deb_path PACKAGE=VERSION: where the .deb is kept under $STATE/download
+    local pkg=${1%%=*} version=${1#*=}
+    echo "$STATE/download/${pkg}_${version#*:}.deb"
+}
+
+fetch_sid_deb() {
+    # fetch_sid_deb PACKAGE=VERSION SHA256: download it once to sid_deb_path (main shell only)
+    local pkg=${1%%=*} version=${1#*=} sha=$2 dest uri file
+    dest=$(sid_deb_path "$1")
+    download_dir >/dev/null
+    echo "$sha  $dest" | sha256sum -c --status 2>/dev/null && return 0
+    sid_apt_init
+    uri=$(cd "$SID_APT" && sid_apt download --print-uris "$1" 2>/dev/null \
+          | awk -F"'" 'NR==1{print $2}') || true
+    if [ -z "$uri" ]; then
+        # sid moved on: the pool keeps a superseded file for a while beside the current one
+        uri=$(cd "$SID_APT" && sid_apt download --print-uris "$pkg" 2>/dev/null \
+              | awk -F"'" 'NR==1{print $2}') || true
+        [ -n "$uri" ] || die "apt could not find $pkg in sid"
+        file=${uri##*/}
+        uri="${uri%/*}/${pkg}_$(printf '%s' "${version#*:}" | sed 's/+/%2b/g')_${file##*_}"
+    fi
+    download "$uri" "$dest" "$sha"
+}
+
+unpack_debs() {
+    # unpack_debs DIR PACKAGE=VERSION SHA256 ...: the packages' files under DIR, fetched once;
+    # DIR/.torpor-pin records what is there, so an unchanged pin costs nothing
+    local dir=$1; shift
+    local pin="$*" tmp
+    [ -f "$dir/.torpor-pin" ] && [ "$(cat "$dir/.torpor-pin")" = "$pin" ] && return 0
+    while [ $# -ge 2 ]; do fetch_sid_deb "$1" "$2"; set -- "${@:3}"; done
+    set -- $pin
+    tmp="$dir.tmp-$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    while [ $# -ge 2 ]; do dpkg-deb -x "$(sid_deb_path "$1")" "$tmp"; set -- "${@:3}"; done
+    echo "$pin" >"$tmp/.torpor-pin"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+}
 
 install_criu() {
     local have
@@ -121,10 +214,8 @@ install_criu() {
         return 0
     fi
     apt_install "${CRIU_BUILD_PKGS[@]}"
-    mkdir -p "$STATE/download"
-    # apt-helper downloads as _apt where it can
-    id _apt >/dev/null 2>&1 && chown _apt "$STATE/download"
-    local tarball="$STATE/download/criu_${CRIU_VERSION}.orig.tar"
+    local tarball
+    tarball="$(download_dir)/criu_${CRIU_VERSION}.orig.tar"
     if ! echo "$CRIU_SHA256  $tarball" | sha256sum -c --status 2>/dev/null; then
         fetch_criu_tarball "$tarball"
     fi
@@ -138,6 +229,118 @@ install_criu() {
     install -D -m 0755 "$src/criu/criu" "$PREFIX/sbin/criu"
     rm -rf "$src"
     log "installed $("$PREFIX/sbin/criu" --version | head -n1) to $PREFIX/sbin/criu"
+}
+
+install_containerd2() {
+    local dir="$DEPS/containerd-2"
+    unpack_debs "$dir" "$CONTAINERD2_DEB" "$CONTAINERD2_SHA256"
+    ln -sfn usr/bin "$dir/bin"
+    "$dir/bin/containerd" --version >/dev/null 2>&1 \
+        || die "$dir/bin/containerd does not start on this machine: $("$dir/bin/containerd" --version 2>&1 | head -n1)"
+    log "containerd ${CONTAINERD2_DEB#*=} in $dir/bin"
+}
+
+go_version_ok() {
+    # go_version_ok GO: it runs and is at least every go.mod under packaging/go asks for
+    local have need
+    have=$("$1" env GOVERSION 2>/dev/null) || return 1
+    have=${have#go}
+    need=$(go_min)
+    [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1)" = "$need" ]
+}
+
+go_min() {
+    awk '$1=="go"{print $2}' "$HERE"/go/*/go.mod | sort -V | tail -n1
+}
+
+find_go() {
+    # The machine's go (PATH, /usr/local/go) when new enough, else sid's Go in $DEPS/go.
+    local g
+    for g in "$(command -v go || true)" /usr/local/go/bin/go /usr/lib/go/bin/go "$DEPS"/go/usr/lib/go-*/bin/go; do
+        [ -n "$g" ] && [ -x "$g" ] && go_version_ok "$g" && { echo "$g"; return 0; }
+    done
+    return 1
+}
+
+install_go() {
+    # Sets GO to a go binary new enough for packaging/go/*.
+    GO=$(find_go) && return 0
+    log "no go >= $(go_min) found: unpacking Debian sid's Go into $DEPS/go"
+    local args=() entry
+    for entry in "${GO_DEBS[@]}"; do args+=($entry); done
+    unpack_debs "$DEPS/go" "${args[@]}"
+    GO=$(find_go) || die "Debian's Go in $DEPS/go is older than $(go_min): update GO_DEBS"
+}
+
+go_tool_pin() {
+    # What a built tool is made of: the go.mod/go.sum pin, the build recipe and the toolchain
+    local name=$1 recipe=$2
+    { cat "$HERE/go/$name/go.mod" "$HERE/go/$name/go.sum"
+      [ -d "$HERE/go/$name/tigron" ] && find "$HERE/go/$name/tigron" -type f | sort | xargs cat
+      echo "$recipe"; "$GO" env GOVERSION; } | sha256sum | cut -c1-64
+}
+
+module_version() {
+    # The version packaging/go/NAME/go.mod requires of the module that holds package PKG.
+    awk -v pkg="$2" '$1 != "module" && $2 ~ /^v/ && (pkg == $1 || index(pkg, $1 "/") == 1) {
+        if (length($1) > length(best)) { best = $1; v = $2 } } END { print v }' "$HERE/go/$1/go.mod"
+}
+
+install_go_tools() {
+    local entry name pin todo=()
+    mkdir -p "$DEPS/bin"
+    install_go
+    for entry in "${GO_TOOLS[@]}"; do
+        name=${entry%%|*}
+        pin=$(go_tool_pin "$name" "$entry")
+        if [ -x "$DEPS/bin/$name" ] && [ "$(cat "$DEPS/bin/.$name.pin" 2>/dev/null)" = "$pin" ]; then
+            continue
+        fi
+        todo+=("$entry")
+    done
+    if [ "${#todo[@]}" -eq 0 ]; then
+        log "runc, nerdctl, crictl and checkpointctl are up to date in $DEPS/bin"
+        return 0
+    fi
+    mkdir -p "$STATE"
+    # One build per tool, all at once: each module has its own dependency versions, and while one
+    # build downloads or links (one core), the others compile.
+    local pids=() start=$SECONDS failed=0 i
+    for entry in "${todo[@]}"; do
+        build_go_tool "$entry" &
+        pids+=($!)
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || failed=1
+    done
+    [ "$failed" = 0 ] || die "a Go tool did not build (logs: $STATE/*-build.log)"
+    log "built ${#todo[@]} Go tools in $((SECONDS - start)) s"
+}
+
+build_go_tool() {
+    # build_go_tool ENTRY: one line of GO_TOOLS, built into $DEPS/bin (runs in the background)
+    local name pkg cgo tags xvars x version flags=() ldflags="-s -w" start=$SECONDS
+    IFS='|' read -r name pkg cgo tags xvars <<<"$1"
+    version=$(module_version "$name" "$pkg")
+    [ -n "$tags" ] && flags+=(-tags "$tags")
+    [ "$cgo" = 1 ] && flags+=(-buildmode=pie) && ldflags=""
+    xvars=${xvars//\{v\}/$version}
+    for x in ${xvars//\{n\}/${version#v}}; do ldflags+=" -X $x"; done
+    log "building $name $version with $("$GO" env GOVERSION)"
+    # The pins are go.mod + go.sum: -mod=readonly refuses any module whose hash go.sum lacks, so
+    # no checksum database is needed (none may be reachable) and none is asked.
+    if ! (cd "$HERE/go/$name" && env GOTOOLCHAIN=local GOSUMDB=off \
+            GOFLAGS="-mod=readonly -trimpath -buildvcs=false -modcacherw" \
+            GOPATH="$STATE/go/path" GOMODCACHE="$STATE/go/mod" GOCACHE="$STATE/go/cache" \
+            CGO_ENABLED="$cgo" "$GO" build "${flags[@]}" -ldflags "$ldflags" \
+            -o "$DEPS/bin/.$name.tmp" "$pkg") >"$STATE/$name-build.log" 2>&1; then
+        tail -n 30 "$STATE/$name-build.log" >&2
+        log "error: $name build failed (log: $STATE/$name-build.log)"
+        return 1
+    fi
+    mv "$DEPS/bin/.$name.tmp" "$DEPS/bin/$name"
+    go_tool_pin "$name" "$1" >"$DEPS/bin/.$name.pin"
+    log "installed $name $version to $DEPS/bin/$name ($((SECONDS - start)) s)"
 }
 
 install_venv() {
@@ -164,7 +367,11 @@ main() {
     [ "$(id -u)" = 0 ] || die "run as root (it installs packages and CRIU)"
     apt_install "${RUNTIME_PKGS[@]}"
     install_criu
-    [ "${1:-}" = "--system" ] || install_venv
+    [ "${1:-}" = "--system" ] && return 0
+    apt_install "${TEST_PKGS[@]}"
+    install_containerd2
+    install_go_tools
+    install_venv
 }
 
 main "$@"
