@@ -3,6 +3,17 @@
 Real components only (containerd, runc, CRIU, docker-registry); the one fake is the GPU driver.
 Everything lives under one temporary directory per session and is removed at the end, with
 every process the session started ended by pid.
+
+Versions: `node` runs Debian's containerd 1.6 and runc 1.1.5 unless asked otherwise. A test asks
+for others by parametrizing the fixtures `containerd_version` ("1.6", "2") and `runc_version`
+("1.1", "1.3") indirectly, e.g.
+
+    @pytest.mark.parametrize("containerd_version", ["1.6", "2"], indirect=True)
+    def test_x(node: Node) -> None: ...
+
+and the whole suite runs on others with `pytest --containerd 2 --runc 1.3`. Extra nodes take the
+same words: `nodes.start("b", containerd="2", runc="1.3")`. containerd 2.x, runc 1.3, nerdctl,
+crictl and checkpointctl come from packaging/install-deps.sh (tests/support/ecosystem.py).
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from .support import ecosystem
 from .support.containerd import Node
 from .support.world import World
 from .support.world import world as make_world
@@ -32,8 +44,16 @@ def require_real_components() -> None:
         pytest.exit("torpor's tests start containerd, runc and CRIU: run them as root", 2)
     missing = [tool for tool in REQUIRED if not shutil.which(tool, path=os.environ.get("PATH", "")
                                                              + ":/usr/local/sbin:/usr/sbin")]
+    missing += ecosystem.missing()
     if missing:
         pytest.exit(f"missing {', '.join(missing)}: run `make deps` (packaging/install-deps.sh)", 2)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--containerd", default="1.6", choices=ecosystem.CONTAINERD_VERSIONS,
+                     help="containerd of the `node` fixture unless a test asks (default 1.6)")
+    parser.addoption("--runc", default="1.1", choices=ecosystem.RUNC_VERSIONS,
+                     help="torpor-runc's low-level runc unless a test asks (default 1.1)")
 
 
 @pytest.fixture(scope="session")
@@ -80,11 +100,23 @@ class Nodes:
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.shared: dict[tuple[str, str], Node] = {}
 
     def start(self, name: str, own_netns: bool = False, cri: bool = False,
-              config: Path | None = None, extra_env: dict[str, str] | None = None) -> Node:
+              config: Path | None = None, extra_env: dict[str, str] | None = None,
+              containerd: str = "1.6", runc: str = "1.1") -> Node:
         return self.world.node(name, own_netns=own_netns, cri=cri, config=config,
-                               extra_env=extra_env)
+                               extra_env=extra_env, containerd=containerd, runc=runc)
+
+    def main_node(self, containerd: str, runc: str) -> Node:
+        """The session's node A for these versions, started on first use."""
+        key = (containerd, runc)
+        if key not in self.shared:
+            suffix = "".join(f"-{what}{version}" for what, version, default
+                             in (("containerd", containerd, "1.6"), ("runc", runc, "1.1"))
+                             if version != default)
+            self.shared[key] = self.start(f"a{suffix}", containerd=containerd, runc=runc)
+        return self.shared[key]
 
 
 @pytest.fixture(scope="session")
@@ -93,9 +125,21 @@ def nodes(world: World) -> Nodes:
 
 
 @pytest.fixture(scope="session")
-def node(nodes: Nodes) -> Node:
-    """The session's main containerd (node A)."""
-    return nodes.start("a")
+def containerd_version(request: pytest.FixtureRequest) -> str:
+    """"1.6" or "2": `--containerd`, unless a test parametrizes it (indirect=True)."""
+    return str(getattr(request, "param", request.config.getoption("--containerd")))
+
+
+@pytest.fixture(scope="session")
+def runc_version(request: pytest.FixtureRequest) -> str:
+    """"1.1" or "1.3", torpor-runc's low-level runc: `--runc`, unless a test parametrizes it."""
+    return str(getattr(request, "param", request.config.getoption("--runc")))
+
+
+@pytest.fixture(scope="session")
+def node(nodes: Nodes, containerd_version: str, runc_version: str) -> Node:
+    """The session's main containerd (node A), of the versions asked for."""
+    return nodes.main_node(containerd_version, runc_version)
 
 
 @pytest.fixture

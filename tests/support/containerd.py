@@ -4,6 +4,11 @@ Each test session gets its own instance (two of them, each in its own network na
 for two nodes). The containerd config is written from `torpor runtime-config containerd`, and the
 instance's PATH starts with the directory that holds torpor's launchers, so that
 `ctr run --runtime io.containerd.torpor.v2` finds `containerd-shim-torpor-v2`.
+
+A node runs Debian's containerd 1.6 (config version 2) or containerd 2.x (config version 3,
+from `containerd_bin`), and Debian's runc 1.1.5 or another runc (`runc`): that one becomes
+torpor-runc's low-level runtime (`[runtime] path` in the node's own torpor config) and the
+`runc` on the node's PATH, which plain `io.containerd.runc.v2` containers use.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import os
 import shutil
 import subprocess
 import time
+import tomllib
 from pathlib import Path
+
+import tomlkit
 
 from torpor.runtime_config import containerd as containerd_config
 
@@ -20,7 +28,7 @@ from .netns import NetNS
 from .processes import kill_pid, pids_with_arg, stop, wait_for
 
 CONFIG = """\
-version = 2
+version = {version}
 root = "{root}/root"
 state = "{root}/state"
 disabled_plugins = [{disabled}]
@@ -42,6 +50,37 @@ disabled_plugins = [{disabled}]
 NON_CRI_DISABLED = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
                     "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp"]
+# 2.x splits CRI into three plugins, and its NRI plugin listens on a machine-wide socket
+CRI_PLUGINS_V3 = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
+                  "io.containerd.cri.v1.images"]
+ALWAYS_DISABLED_V3 = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.erofs",
+                      "io.containerd.differ.v1.erofs", "io.containerd.snapshotter.v1.blockfile"]
+
+# What the CRI plugin needs on these machines: no CAP_SYS_RESOURCE for oom_score_adj below the
+# daemon's, and CNI configuration of the node's own (none until a test writes one).
+CRI_CONFIG = {
+    2: """
+[plugins."io.containerd.grpc.v1.cri"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{root}/cni/net.d"
+""",
+    3: """
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{root}/cni/net.d"
+""",
+}
+
+
+def containerd_major(containerd: str) -> int:
+    """1 or 2, from `containerd --version` ("containerd github.com/containerd/containerd/v2 2.1.9")."""
+    out = subprocess.run([containerd, "--version"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return int(out[2].lstrip("v").split(".")[0])
 
 
 class Node:
@@ -49,11 +88,23 @@ class Node:
 
     def __init__(self, base: Path, name: str, bin_dir: Path, torpor_config: Path,
                  netns: NetNS | None = None, cri: bool = False,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, containerd_bin: Path | None = None,
+                 runc: Path | None = None) -> None:
+        """`containerd_bin`: the directory of another containerd, ctr and shim (default: PATH);
+        `runc`: the low-level runtime for torpor-runc and plain runc (default: runc on PATH)."""
         self.name = name
         self.root = base / name
         self.bin_dir = bin_dir
+        self.containerd_bin = containerd_bin
+        self.containerd = str(containerd_bin / "containerd") if containerd_bin else "containerd"
+        self.ctr_path = str(containerd_bin / "ctr") if containerd_bin else "ctr"
+        self.major = containerd_major(self.containerd)
+        self.config_version = 3 if self.major >= 2 else 2
+        self.runc = runc
         self.torpor_config = torpor_config
+        if runc is not None:
+            self.torpor_config = self.root / "torpor.toml"
+            self._base_torpor_config = torpor_config
         self.netns = netns
         self.cri = cri
         self.address = str(self.root / "containerd.sock")
@@ -65,7 +116,12 @@ class Node:
     @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["PATH"] = f"{self.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        front = [str(self.bin_dir)]
+        if self.runc is not None:
+            front.append(str(self.root / "runc-bin"))
+        if self.containerd_bin is not None:
+            front.append(str(self.containerd_bin))
+        env["PATH"] = ":".join([*front, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
         env["TORPOR_CONFIG"] = str(self.torpor_config)
         env["CONTAINERD_ADDRESS"] = self.address
         env["CONTAINERD_NAMESPACE"] = self.namespace
@@ -78,11 +134,11 @@ class Node:
     def start(self) -> Node:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "xdg").mkdir(mode=0o700, exist_ok=True)
-        disabled = [p for p in NON_CRI_DISABLED if not (self.cri and p.endswith(".cri"))]
-        self.config_path.write_text(CONFIG.format(
-            root=self.root, disabled=", ".join(f'"{p}"' for p in disabled)))
+        if self.runc is not None:
+            self._use_runc(self.runc)
+        self.config_path.write_text(self._config_text())
         containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"))
-        cmd = ["containerd", "--config", str(self.config_path)]
+        cmd = [self.containerd, "--config", str(self.config_path)]
         if self.netns is not None:
             # nsenter, not `ip netns exec`: that also remounts /sys, hiding the cgroup mounts
             cmd = ["nsenter", f"--net={self.netns.path}", *cmd]
@@ -93,9 +149,33 @@ class Node:
                  what=f"containerd {self.name} to answer on {self.address}")
         return self
 
+    def _config_text(self) -> str:
+        if self.config_version == 2:
+            disabled = [p for p in NON_CRI_DISABLED if not (self.cri and p.endswith(".cri"))]
+        else:
+            disabled = [p for p in NON_CRI_DISABLED if p not in CRI_PLUGINS_V3]
+            disabled += ALWAYS_DISABLED_V3 + ([] if self.cri else CRI_PLUGINS_V3)
+        text = CONFIG.format(version=self.config_version, root=self.root,
+                             disabled=", ".join(f'"{p}"' for p in disabled))
+        if self.cri:
+            (self.root / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+            text += CRI_CONFIG[self.config_version].format(root=self.root)
+        return text
+
+    def _use_runc(self, runc: Path) -> None:
+        """torpor-runc's low-level runtime and the node's plain `runc` become `runc`."""
+        config = tomllib.loads(self._base_torpor_config.read_text())
+        config.setdefault("runtime", {})["path"] = str(runc)
+        self.torpor_config.write_text(tomlkit.dumps(config))
+        runc_bin = self.root / "runc-bin"
+        runc_bin.mkdir(exist_ok=True)
+        link = runc_bin / "runc"
+        if not link.is_symlink():
+            link.symlink_to(runc)
+
     def ctr(self, *args: str, check: bool = True, timeout: float = 120,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = ["ctr", "--address", self.address, "--namespace", self.namespace, *args]
+        cmd = [self.ctr_path, "--address", self.address, "--namespace", self.namespace, *args]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                 input=input, env=self.env)
         if check and result.returncode != 0:

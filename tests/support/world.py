@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torpor.runtime_config import launchers
 
-from . import images
+from . import ecosystem, images
 from .containerd import Node
 from .netns import NetNS
 
@@ -44,14 +44,19 @@ class World:
         self.namespaces: list[NetNS] = []
 
     def node(self, name: str, own_netns: bool = False, cri: bool = False,
-             config: Path | None = None, extra_env: dict[str, str] | None = None) -> Node:
+             config: Path | None = None, extra_env: dict[str, str] | None = None,
+             containerd: str = "1.6", runc: str = "1.1") -> Node:
         """A new containerd node with the test image imported; `config` replaces the world's
-        torpor config for it, and `extra_env` reaches containerd, its shims and torpor-runc."""
+        torpor config for it, and `extra_env` reaches containerd, its shims and torpor-runc.
+        `containerd` ("1.6" or "2") and `runc` ("1.1" or "1.3", torpor-runc's low-level runtime
+        and the node's plain runc) pick versions (tests/support/ecosystem.py)."""
         netns = NetNS(f"torpor-{name}") if own_netns else None
         if netns:
             self.namespaces.append(netns)
         node = Node(self.base / "nodes", name, self.bin, config or self.config, netns=netns,
-                    cri=cri, extra_env=extra_env)
+                    cri=cri, extra_env=extra_env,
+                    containerd_bin=ecosystem.containerd_bin(containerd),
+                    runc=ecosystem.runc_path(runc))
         self.nodes.append(node)
         node.start()
         node.ctr("images", "import", str(self.image_tar))

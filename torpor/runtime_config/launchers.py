@@ -34,10 +34,12 @@ sys.exit(main())
 """
 
 SHIM_LAUNCHER = """#!/bin/sh
-# torpor {version}: containerd's runc v2 shim, with torpor-runc as its runc.
+# torpor {version}: containerd's runc v2 shim, with torpor-runc as its runc. The shim is the one
+# on containerd's PATH (the one of the containerd that runs us), else the one found at install.
+shim=$(command -v containerd-shim-runc-v2 || echo {shim})
 PATH={runc_dir}:$PATH
 export PATH
-exec {shim} "$@"
+exec "$shim" "$@"
 """
 
 ENTRY_POINTS = {

@@ -1,0 +1,53 @@
+"""Where packaging/install-deps.sh put the ecosystem's tools, and which versions the tests use.
+
+Everything lives in a private prefix, `$TORPOR_PREFIX/lib/torpor-deps` (TORPOR_PREFIX defaults to
+/usr/local, as in the install script), and replaces nothing on PATH:
+
+    containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x
+    bin/                runc 1.3.x, nerdctl, crictl, checkpointctl
+
+Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others by version
+(`CONTAINERD_VERSIONS`, `RUNC_VERSIONS`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEPS = Path(os.environ.get("TORPOR_PREFIX") or "/usr/local") / "lib" / "torpor-deps"
+CONTAINERD2_BIN = DEPS / "containerd-2" / "bin"
+TOOLS_BIN = DEPS / "bin"
+
+# The names a test or `pytest --containerd/--runc` uses for each version.
+CONTAINERD_VERSIONS = ("1.6", "2")
+RUNC_VERSIONS = ("1.1", "1.3")
+TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl")
+
+
+def containerd_bin(version: str) -> Path | None:
+    """The directory of containerd, ctr and containerd-shim-runc-v2; None: Debian's, on PATH."""
+    if version not in CONTAINERD_VERSIONS:
+        raise ValueError(f"containerd {version!r}: choose one of {', '.join(CONTAINERD_VERSIONS)}")
+    return None if version == "1.6" else CONTAINERD2_BIN
+
+
+def runc_path(version: str) -> Path | None:
+    """runc for torpor-runc's `[runtime] path` and for plain runc; None: Debian's, on PATH."""
+    if version not in RUNC_VERSIONS:
+        raise ValueError(f"runc {version!r}: choose one of {', '.join(RUNC_VERSIONS)}")
+    return None if version == "1.1" else TOOLS_BIN / "runc"
+
+
+def tool(name: str) -> Path:
+    """nerdctl, crictl, checkpointctl or runc 1.3, built by install-deps.sh."""
+    if name not in TOOLS:
+        raise ValueError(f"{name!r} is not one of the tools install-deps.sh builds")
+    return TOOLS_BIN / name
+
+
+def missing() -> list[str]:
+    """What install-deps.sh should have installed here and did not."""
+    wanted = [CONTAINERD2_BIN / name for name in ("containerd", "ctr", "containerd-shim-runc-v2")]
+    wanted += [tool(name) for name in TOOLS]
+    return [str(path) for path in wanted if not os.access(path, os.X_OK)]
