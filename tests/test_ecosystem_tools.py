@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Nodes
+from .conftest import Nodes, run_torpor
 from .support import ecosystem
 from .support.containerd import Node
 from .support.processes import pids_with_arg, wait_for
@@ -42,7 +42,7 @@ def test_runc_13_and_checkpointctl_run() -> None:
 
 @pytest.mark.parametrize("runc_version", ["1.1", "1.3"], indirect=True)
 @pytest.mark.parametrize("containerd_version", ["2"], indirect=True)
-def test_torpor_runtime_on_containerd_2(node: Node, runc_version: str, state_dir: Path,
+def test_torpor_runtime_on_containerd_2(node: Node, runc_version: str, tmp_path: Path,
                                         test_image: dict[str, object]) -> None:
     assert node.major == 2
     lowlevel = run(node.bin_dir / "torpor-runc", "--version", env=node.env)
@@ -51,8 +51,10 @@ def test_torpor_runtime_on_containerd_2(node: Node, runc_version: str, state_dir
     node.ctr("run", "-d", "--runtime", "io.containerd.torpor.v2", str(test_image["name"]), name,
              "sh", "-c", "trap 'exit 3' TERM; sleep 600 & wait")
     wait_for(lambda: task_status(node, name) == "RUNNING", what="task running")
-    record = state_dir / "containers" / node.namespace / name / "container.json"
-    assert record.exists()  # torpor-hook ran: the task went through torpor-runc
+    # the task runs under torpor-runc: torpor can checkpoint it (and it keeps running)
+    run_torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"), "--leave-running")
+    assert (tmp_path / "ck" / "criu" / "torpor" / "state.json").exists()
+    assert task_status(node, name) == "RUNNING"
     shims = {os.path.realpath(f"/proc/{pid}/exe") for pid in pids_with_arg(node.address)}
     assert str(ecosystem.CONTAINERD2_BIN.resolve() / "containerd-shim-runc-v2") in shims
     assert node.ctr("tasks", "exec", "--exec-id", "e1", name, "echo", "in").stdout == "in\n"
@@ -60,7 +62,6 @@ def test_torpor_runtime_on_containerd_2(node: Node, runc_version: str, state_dir
     wait_for(lambda: task_status(node, name) == "STOPPED", what="task stopped")
     node.ctr("tasks", "delete", name)
     node.ctr("containers", "delete", name)
-    assert not record.exists()
 
 
 def test_crictl_and_nerdctl_talk_to_containerd_2(nodes: Nodes) -> None:
