@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 import torpor
-from torpor.cli import check_cmd, runtime_config_cmd
 from torpor.cli.output import Globals
 from torpor.errors import TorporError
 
@@ -26,6 +25,8 @@ LAZY_COMMANDS = {
     "inspect": "torpor.cli.inspect_cmd",
     "ls": "torpor.cli.ls_cmd",
     "rm": "torpor.cli.rm_cmd",
+    "check": "torpor.cli.check_cmd",
+    "runtime-config": "torpor.cli.runtime_config_cmd",
 }
 
 
@@ -73,8 +74,6 @@ def cli(ctx: click.Context, address: str, namespace: str, debug: bool) -> None:
     ctx.obj = Globals(address=address, namespace=namespace, debug=debug)
 
 
-cli.add_command(check_cmd.check)
-cli.add_command(runtime_config_cmd.runtime_config)
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from torpor.ops.sources import RegistryAccess
+from torpor.ops.access import RegistryAccess
 
 F = Callable[..., Any]
 

@@ -80,3 +80,6 @@ def crio_cmd(binary: str | None, install_path: str | None) -> None:
 def kubernetes_cmd() -> None:
     """The RuntimeClass manifest (handler torpor), for kubectl apply -f -."""
     click.echo(engines.kubernetes_runtime_class(), nl=False)
+
+
+COMMANDS = {"runtime-config": runtime_config}

@@ -46,7 +46,8 @@ from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
 from torpor.image.store import Store
 from torpor.node import facts as node
-from torpor.ops.sources import RegistryAccess, mount_from, registry_options, tag_of
+from torpor.ops.access import RegistryAccess
+from torpor.ops.sources import mount_from, registry_options, tag_of
 from torpor.registry import EarlyBlobs, push_layout
 from torpor.reporting import SILENT, Progress
 

@@ -14,14 +14,8 @@ from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
 from torpor.image import unpack
 from torpor.image.store import Store
-from torpor.ops.sources import (
-    NO_CREDENTIALS,
-    RegistryAccess,
-    SourceKind,
-    image_of_plan,
-    kind_of,
-    registry_options,
-)
+from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
+from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
 from torpor.registry import fetch_metadata
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from torpor.config import Config
 from torpor.image.store import Store
-from torpor.ops.sources import NO_CREDENTIALS, RegistryAccess, image_of_plan, registry_options
+from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
+from torpor.ops.sources import image_of_plan, registry_options
 from torpor.registry import fetch_metadata
 from torpor.reporting import SILENT, Progress
 

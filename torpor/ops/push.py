@@ -17,7 +17,8 @@ from torpor.containerd.client import Client
 from torpor.errors import ImageError
 from torpor.image import build as image_build
 from torpor.image.store import Store
-from torpor.ops.sources import NO_CREDENTIALS, RegistryAccess, SourceKind, kind_of, registry_options, tag_of
+from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
+from torpor.ops.sources import SourceKind, kind_of, registry_options, tag_of
 from torpor.registry import push_layout
 from torpor.reporting import SILENT, Progress
 

@@ -48,7 +48,8 @@ from torpor.image import directory as checkpoint_dir
 from torpor.image import unpack
 from torpor.image.store import Store
 from torpor.node import compat
-from torpor.ops.sources import RegistryAccess, SourceKind, image_of_plan, kind_of, registry_options
+from torpor.ops.access import RegistryAccess
+from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
 from torpor.registry import fetch_metadata
 from torpor.reporting import SILENT, Progress
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from torpor.config import Config
@@ -20,6 +19,7 @@ from torpor.formats.metadata import CheckpointMetadata
 from torpor.image import unpack
 from torpor.image.directory import is_checkpoint_dir
 from torpor.image.store import Store
+from torpor.ops.access import RegistryAccess
 from torpor.registry import PullPlan, RegistryOptions, parse_reference
 
 
@@ -40,19 +40,6 @@ def kind_of(source: str, store: Store) -> SourceKind:
     if store.has(source):
         return SourceKind.STORE
     return SourceKind.REGISTRY
-
-
-@dataclass(frozen=True)
-class RegistryAccess:
-    """What the command line says about reaching a registry."""
-
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    ca_file: str | None = None
-    insecure: bool = False
-
-
-NO_CREDENTIALS = RegistryAccess()  # docker's config.json and credential helpers, as configured
 
 
 def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryOptions:
