@@ -98,7 +98,8 @@ def one_size(w: World, node: Node, mib: int, rounds: int) -> dict[str, list[floa
                                "--volumes", "none")
                 time.sleep(0.2)
                 downtime = read_gap_ms(base / "gap-t" / "gap")
-                restore = torpor(w, node, "restore", str(ck), "--name", f"{t_name}-{i}")
+                restore = torpor(w, node, "restore", str(ck), "--name", f"{t_name}-{i}",
+                                 "--volume", "/gap")  # its bind mount, granted as it is
                 node.ctr("tasks", "delete", "--force", f"{t_name}-{i}")
                 node.ctr("containers", "rm", f"{t_name}-{i}")
             else:

@@ -82,7 +82,7 @@ def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
                        "--tcp-established")
             node.ctr("tasks", "delete", "tcp-kv")
             node.ctr("containers", "delete", "tcp-kv")
-            run_torpor(node, "restore", str(tmp_path / "ck"))
+            run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
             # the same socket, opened before the checkpoint, still answers, with the state
             assert client.ask("GET greeting") == "hello"
             assert client.ask("INCR hits") == "2"
@@ -125,7 +125,8 @@ def test_files_come_back_under_a_new_name(node: Node, tmp_path: Path,
         # a fresh node would have an empty volume: empty this one
         for entry in volume.iterdir():
             entry.unlink()
-        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "files-b")
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "files-b",
+                   "--volume", f"/data={volume}")
         out = exec_out(node, "files-b", "sh", "-c",
                        "cat /root/written /var/new/deep/file /scratch/file /dev/shm/file "
                        "/data/new.txt; ls /etc/group /data/old.txt 2>&1; true")
@@ -135,10 +136,11 @@ def test_files_come_back_under_a_new_name(node: Node, tmp_path: Path,
         assert (volume / "new.txt").read_text() == "volume\n"
 
 
-def test_ctr_checkpoint_carries_torpor_state(node: Node, tmp_path: Path,
+def test_ctr_checkpoint_carries_torpor_state(node: Node, session_dir: Path,
                                              test_image: dict[str, object]) -> None:
-    """`ctr c checkpoint --task` / `ctr c restore --live`: torpor's state rides in criu.tar."""
-    volume = tmp_path / "volume"
+    """`ctr c checkpoint --task` / `ctr c restore --live`: torpor's state rides in criu.tar.
+    The volume is where the node's [restore] mount_sources allows: ctr grants nothing."""
+    volume = session_dir / "volumes" / "ctr-kv"
     volume.mkdir()
     with containers(node) as names:
         names.append("ctr-kv")
@@ -275,7 +277,8 @@ def test_volume_policy_and_bind_mounted_dev_shm(node: Node, tmp_path: Path,
         for name in ("data", "scratch", "shm"):
             for entry in dirs[name].iterdir():
                 entry.unlink()
-        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "vols-b")
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "vols-b",
+                   *(f"--volume={dest}" for dest in ("/data", "/scratch", "/ref", "/dev/shm")))
         assert (dirs["data"] / "f").read_text() == "d\n"      # chosen: back
         assert not (dirs["scratch"] / "f").exists()           # not chosen: not touched
         assert (dirs["shm"] / "f").read_text() == "m\n"       # the pod-style /dev/shm: back

@@ -43,6 +43,25 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "store": (str, "/var/lib/torpor", "local checkpoint images (torpor ls, rm), scratch"),
         "zstd_level": (int, 1, "layer compression: 1 is fast; 3 to 19 trade time for size"),
     },
+    "restore": {
+        "hooks": (list, [], "hook programs (absolute paths) a checkpoint's spec may run; "
+                  "others need --allow-spec-hooks"),
+        "mount_sources": (list, [], "host directories a checkpoint's bind mounts may come from; "
+                          "others need --volume"),
+        "devices": (list, [], 'devices beyond the defaults, "c MAJOR:MINOR" or "c MAJOR:*", '
+                    'e.g. ["c 195:*"] for NVIDIA GPUs'),
+        "capabilities": (list, [], 'capabilities beyond the defaults, e.g. ["CAP_SYS_PTRACE"]'),
+        "host_namespaces": (list, [], "namespaces a restored container may share with the host "
+                            'or join by path, e.g. ["network"]'),
+        "allow_device_files": (bool, False, "extract device nodes and FIFOs from archives"),
+        "max_layers": (int, 4096, "layers a checkpoint image may have"),
+        "max_manifest_bytes": (int, 4 << 20, "size of a manifest or an index"),
+        "max_config_bytes": (int, 16 << 20, "size of a checkpoint's metadata"),
+        "max_unpacked_bytes": (int, 1 << 40,
+                               "what a checkpoint may unpack to (and never more than is free)"),
+        "max_compression_ratio": (int, 10000, "unpacked bytes per byte of layers"),
+        "max_files": (int, 1000000, "entries one archive may hold"),
+    },
     "registry": {
         "docker_config": (str, "",
                           "credentials: default $DOCKER_CONFIG or ~/.docker/config.json"),
@@ -70,6 +89,18 @@ class Config:
         "registry_ca_file",
         "registry_docker_config",
         "registry_insecure",
+        "restore_allow_device_files",
+        "restore_capabilities",
+        "restore_devices",
+        "restore_hooks",
+        "restore_host_namespaces",
+        "restore_max_compression_ratio",
+        "restore_max_config_bytes",
+        "restore_max_files",
+        "restore_max_layers",
+        "restore_max_manifest_bytes",
+        "restore_max_unpacked_bytes",
+        "restore_mount_sources",
         "runtime_hook_path",
         "runtime_path",
         "runtime_state_dir",
@@ -88,6 +119,18 @@ class Config:
     gpu_lock_timeout_ms: int
     image_store: str
     image_zstd_level: int
+    restore_hooks: list[str]
+    restore_mount_sources: list[str]
+    restore_devices: list[str]
+    restore_capabilities: list[str]
+    restore_host_namespaces: list[str]
+    restore_allow_device_files: bool
+    restore_max_layers: int
+    restore_max_manifest_bytes: int
+    restore_max_config_bytes: int
+    restore_max_unpacked_bytes: int
+    restore_max_compression_ratio: int
+    restore_max_files: int
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

@@ -29,7 +29,11 @@ class World:
         launchers.install(str(self.bin), str(base / "lib" / "runc"), python=sys.executable)
         self.state_dir = base / "torpor-state"
         self.config = base / "torpor.toml"
-        self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n')
+        # host directories that restores may bind-mount without --volume (ctr restores have none)
+        self.volumes = base / "volumes"
+        self.volumes.mkdir(mode=0o700)
+        self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n'
+                               f'[restore]\nmount_sources = ["{self.volumes}"]\n')
         out = base / "workloads"
         out.mkdir(exist_ok=True)
         self.workloads = {name: images.compile_static(REPO / "tests" / "workloads" / f"{name}.c",

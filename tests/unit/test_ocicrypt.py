@@ -155,14 +155,20 @@ def test_missing_key_is_refused_before_anything_is_written(tmp_path: Path, keys:
 Tamper = Callable[[Path, dict[str, Any]], None]
 
 
-def flip_a_byte(blob: Path, _: dict[str, Any]) -> None:
+def rewritten(blob: Path, descriptor: dict[str, Any], data: bytes) -> None:
+    """The blob changed, and its descriptor with it (no key: the HMAC is what catches it)."""
+    blob.write_bytes(data)
+    descriptor.update(digest="sha256:" + hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+def flip_a_byte(blob: Path, descriptor: dict[str, Any]) -> None:
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0x01
-    blob.write_bytes(data)
+    rewritten(blob, descriptor, bytes(data))
 
 
-def truncate(blob: Path, _: dict[str, Any]) -> None:
-    blob.write_bytes(blob.read_bytes()[:-1])
+def truncate(blob: Path, descriptor: dict[str, Any]) -> None:
+    rewritten(blob, descriptor, blob.read_bytes()[:-1])
 
 
 def replace_hmac(_: Path, descriptor: dict[str, Any]) -> None:
@@ -178,6 +184,16 @@ def test_altered_layer_fails_its_hmac_and_leaves_nothing(tmp_path: Path, keys: d
     encrypted, descriptor = encrypt(tmp_path, os.urandom(3 << 20), [recipient])
     tamper(encrypted, descriptor)
     with pytest.raises(DecryptionError, match="fails its HMAC check"):
+        ocicrypt.decrypt_blob(str(encrypted), str(tmp_path / "out"), descriptor, [private])
+    assert files_in(tmp_path) == ["encrypted", "plain"]
+
+
+def test_a_blob_that_is_not_what_its_descriptor_says_is_refused(tmp_path: Path,
+                                                                  keys: dict[str, Any]) -> None:
+    recipient, private = keys["ec-p256"]
+    encrypted, descriptor = encrypt(tmp_path, os.urandom(1 << 16), [recipient])
+    encrypted.write_bytes(encrypted.read_bytes()[:-1])
+    with pytest.raises(DigestMismatch, match="descriptor says"):
         ocicrypt.decrypt_blob(str(encrypted), str(tmp_path / "out"), descriptor, [private])
     assert files_in(tmp_path) == ["encrypted", "plain"]
 

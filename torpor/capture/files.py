@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from torpor.archive import ArchiveLimits
 from torpor.capture import rootfs, volumes
 from torpor.config import Config
 from torpor.formats import annotations as ann
@@ -51,9 +52,11 @@ def save(pid: int, spec: OciSpec, policy: FilePolicy, out_dir: str, log: Log) ->
                       dev_shm=volumes.save(shm, out_dir) if shm is not None else None)
 
 
-def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles) -> None:
+def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
+            limits: ArchiveLimits | None = None, devices: bool = False) -> None:
     """The read-write layer (when it travelled in the image directory, as with ctr), the
-    volumes and /dev/shm, into the restore-time rootfs and bind sources."""
+    volumes and /dev/shm, into the restore-time rootfs and bind sources. The caller has checked
+    the spec against the restore policy (its root is the bundle's rootfs)."""
     from torpor import archive
     from torpor.errors import RestoreError
 
@@ -61,7 +64,11 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles) -> N
     diff = os.path.join(state_dir, names.ROOTFS_DIFF)
     if files.rootfs and os.path.exists(diff):
         root = (spec.get("root") or {}).get("path") or "rootfs"
-        archive.extract(diff, os.path.join(bundle, root), mode="layer")
+        if root != "rootfs":
+            raise RestoreError(f"the spec puts the container's root at {root!r}, not the "
+                               "bundle's rootfs: the read-write layer is not written there")
+        archive.extract(diff, os.path.join(bundle, root), mode="layer", devices=devices,
+                        limits=limits)
     sources = {str(m.get("destination", "")).rstrip("/") or "/": m.get("source")
                for m in spec.get("mounts") or [] if volumes.is_bind(m)}
     saved = [*files.volumes, *([files.dev_shm] if files.dev_shm else [])]
@@ -70,4 +77,4 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles) -> N
         if not source:
             raise RestoreError(f"the checkpoint saved volume {volume.destination}, but the "
                                "restore-time spec has no bind mount there")
-        volumes.restore(volume, state_dir, source)
+        volumes.restore(volume, state_dir, source, limits, devices)

@@ -91,23 +91,32 @@ def save(volume: SavedVolume, state_dir: str) -> SavedVolume:
     return replace(volume, bytes=size)
 
 
-def restore(volume: SavedVolume, state_dir: str, source: str) -> None:
-    """Put a saved volume's content back at `source` (the restore-time bind source)."""
-    path = os.path.join(state_dir, volume.archive)
-    if not os.path.exists(path):
+def restore(volume: SavedVolume, state_dir: str, source: str,
+            limits: archive.ArchiveLimits | None = None, devices: bool = False) -> None:
+    """Put a saved volume's content back at `source` (the restore-time bind source, which the
+    restore policy allowed). Nothing is followed out of it; a file volume is staged in a private
+    directory of unpredictable name beside it and renamed into place."""
+    import shutil
+    import tempfile
+
+    name = archive.safe_name(volume.archive, f"volume {volume.destination}'s archive")
+    if not (name.startswith(f"{names.VOLUMES_DIR}/") or name == names.DEV_SHM_ARCHIVE):
+        raise RestoreError(f"the checkpoint names {volume.archive!r} as the archive of volume "
+                           f"{volume.destination}: not one torpor writes")
+    path = os.path.join(state_dir, name)
+    if not os.path.isfile(path) or os.path.islink(path):
         raise RestoreError(f"the checkpoint lacks {volume.archive} for volume {volume.destination}")
     if volume.kind == "dir":
-        archive.extract(path, source, mode="volume")
+        archive.extract(path, source, mode="volume", devices=devices, limits=limits)
         return
-    parent = os.path.dirname(source) or "/"
-    staging = os.path.join(parent, f".torpor-restore-{os.getpid()}")
+    if volume.kind != "file":
+        raise RestoreError(f"volume {volume.destination} is of unknown kind {volume.kind!r}")
+    staging = tempfile.mkdtemp(prefix=".torpor-restore-", dir=os.path.dirname(source) or "/")
     try:
-        archive.extract(path, staging, mode="volume")
-        names = os.listdir(staging)
-        if len(names) != 1:
-            raise RestoreError(f"{volume.archive} should hold one file, not {len(names)}")
-        os.replace(os.path.join(staging, names[0]), source)
+        archive.extract(path, staging, mode="strict", limits=limits)
+        entries = os.listdir(staging)
+        if len(entries) != 1 or not os.path.isfile(os.path.join(staging, entries[0])):
+            raise RestoreError(f"{volume.archive} should hold one file, not {len(entries)} entries")
+        os.replace(os.path.join(staging, entries[0]), source)
     finally:
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from torpor import config
+from torpor.cli.encryption_flags import recipient_option, recipients_from
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.formats.criu import CriuOptions
@@ -42,12 +43,14 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
               help="Bind-mounted volumes to save, by destination (repeat or comma-separate); "
               "default: the annotation io.torpor.checkpoint.volumes, else the config (all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@recipient_option
 @registry_options
 @click.pass_obj
 def checkpoint_command(g: Globals, container: str, directory: str | None, oci: bool,
                        ref: str | None, push: bool, leave_running: bool, tcp_established: bool,
                        file_locks: bool, ext_unix_sk: bool, shell_job: bool,
-                       volumes: tuple[str, ...], as_json: bool, username: str | None,
+                       volumes: tuple[str, ...], as_json: bool, recipients: tuple[str, ...],
+                       username: str | None,
                        password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Checkpoint CONTAINER (processes, memory, GPU, network, files).
 
@@ -62,12 +65,15 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
         raise click.UsageError("--push needs -t REF")
     if oci and not directory:
         raise click.UsageError("--oci needs -o DIR")
+    if recipients and not (ref or oci):
+        raise click.UsageError("--encrypt-recipient encrypts an image: give -t REF or -o DIR --oci")
     request = CheckpointRequest(
         criu=CriuOptions(leave_running=leave_running, tcp_established=tcp_established,
                          file_locks=file_locks, ext_unix_sk=ext_unix_sk, shell_job=shell_job),
         volumes=parse_volumes(volumes))
     target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
-                              registry=access_from(username, password_stdin, ca_file, insecure))
+                              registry=access_from(username, password_stdin, ca_file, insecure),
+                              recipients=recipients_from(recipients))
     with g.client() as client:
         result = checkpoint(client, container, request, target, config.load(),
                             g.progress(quiet=as_json))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from torpor import config
+from torpor.cli.encryption_flags import decryption_key_option, keys_from
 from torpor.cli.output import emit_json, human_size, table
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.ops.inspect import InspectReport, inspect
@@ -13,13 +14,17 @@ from torpor.ops.inspect import InspectReport, inspect
 @click.command("inspect")
 @click.argument("source", metavar="DIR|REF")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@decryption_key_option
 @registry_options
-def inspect_command(source: str, as_json: bool, username: str | None, password_stdin: bool,
-                    ca_file: str | None, insecure: bool) -> None:
-    """What a checkpoint holds: processes, memory, layers, timings, node, network, mounts, GPUs.
-    A registry image is inspected from its metadata alone; no layer is downloaded."""
+def inspect_command(source: str, as_json: bool, decryption_keys: tuple[str, ...],
+                    username: str | None, password_stdin: bool, ca_file: str | None,
+                    insecure: bool) -> None:
+    """What a checkpoint holds: processes, memory, layers, timings, node, network, mounts, GPUs,
+    and what a restore on this node would grant its spec. A registry image is inspected from
+    its metadata alone; no layer is downloaded (an encrypted one's metadata layer with
+    --decryption-key)."""
     report = inspect(source, config.load(), access_from(username, password_stdin, ca_file,
-                                                        insecure))
+                                                        insecure), keys_from(decryption_keys))
     if as_json:
         emit_json(report.to_json())
         return
@@ -65,6 +70,15 @@ def render(report: InspectReport) -> str:
             lines.extend(f"             {line}" for line in describe(state.gpu.inventory))
     else:
         lines.append("gpus         none")
+    if report.encrypted:
+        lines.append(f"encrypted    for {', '.join(report.recipients) or 'unknown recipients'}"
+                     + ("; spec, processes and network need --decryption-key" if report.sealed
+                        else ""))
+    if not report.sealed:
+        lines.append("a restore here would grant")
+        lines.extend(f"  {'ok     ' if v.allowed_by else 'REFUSED'}  {v.what}"
+                     + (f"  [{v.allowed_by}]" if v.allowed_by else f"  (allow with: {v.remedy})")
+                     for v in report.grants)
     if report.layers:
         lines.append("layers")
         lines.append(_indent(table(["MEDIA TYPE", "SIZE", "DIGEST"], [

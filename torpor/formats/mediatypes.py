@@ -34,4 +34,7 @@ CHECKPOINT_CONFIG = "application/vnd.torpor.checkpoint.config.v1+json"
 CRIU_LAYER = "application/vnd.torpor.checkpoint.criu.v1.tar+zstd"
 VOLUMES_LAYER = "application/vnd.torpor.checkpoint.volumes.v1.tar+zstd"
 STATE_LAYER = "application/vnd.torpor.checkpoint.state.v1.tar+zstd"
+METADATA_LAYER = "application/vnd.torpor.checkpoint.metadata.v1+json"  # encrypted images only
 STATE_LAYER_TYPES = (CRIU_LAYER, VOLUMES_LAYER, STATE_LAYER)
+# ocicrypt's encrypted layers: the plain type + this suffix (torpor.image.ocicrypt)
+ENCRYPTED_SUFFIX = "+encrypted"

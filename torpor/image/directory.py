@@ -8,13 +8,16 @@ reads (docs/checkpoint.md describes it for users):
       rootfs-diff.tar         the read-write layer: an OCI layer (uncompressed tar, whiteouts)
       criu-dump.log           CRIU's log of the dump
 
-A restore checks the directory against checkpoint.json (every file there, with its size) before
-touching containerd, and never writes into it.
+A restore checks the directory against checkpoint.json before touching containerd, and never
+writes into it: every file it lists must be there with its size, and nothing else may be: no
+file it does not list, no symlink (CRIU would read a host file through it), no device, FIFO or
+socket. `make_private` gives a new checkpoint directory modes 0600 (files) and 0700 (folders).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 
 from torpor.archive import safe_name
 from torpor.atomicfile import write_atomic
@@ -22,6 +25,8 @@ from torpor.errors import FormatError, RestoreError, UnsafeArchive
 from torpor.formats import names
 from torpor.formats.files import FileEntry
 from torpor.formats.metadata import CheckpointMetadata
+
+MAX_METADATA_BYTES = 64 << 20
 
 
 def is_checkpoint_dir(path: str) -> bool:
@@ -48,24 +53,66 @@ def read_metadata(directory: str) -> CheckpointMetadata:
     """checkpoint.json, parsed and checked, without looking at the other files."""
     path = os.path.join(directory, names.CHECKPOINT_METADATA)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_METADATA_BYTES + 1)
     except FileNotFoundError:
         raise RestoreError(f"{directory} is not a torpor checkpoint: no "
                            f"{names.CHECKPOINT_METADATA}") from None
     except OSError as e:
-        raise RestoreError(f"{path} is unreadable: {e.strerror}") from None
+        raise RestoreError(f"{path} is unreadable (a symlink?): {e.strerror}") from None
+    if len(data) > MAX_METADATA_BYTES:
+        raise RestoreError(f"{path} is more than {MAX_METADATA_BYTES} bytes: refused")
     try:
         return CheckpointMetadata.loads(data, path)
     except FormatError as e:
         raise RestoreError(str(e), hint=e.hint) from None
 
 
-def load(directory: str) -> CheckpointMetadata:
-    """checkpoint.json, after checking that every file it lists is there, whole."""
+def make_private(directory: str) -> None:
+    """Files 0600 and directories 0700 below `directory` (CRIU writes its images 0644)."""
+    os.chmod(directory, 0o700)
+    for root, dirs, filenames in os.walk(directory):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+        for name in filenames:
+            path = os.path.join(root, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.chmod(path, 0o600)
+
+
+def strays(directory: str, listed: set[str], max_files: int) -> list[str]:
+    """What is below `directory` besides the listed files and their folders: links, devices,
+    unlisted files (CRIU would read them, or read through them)."""
+    found: list[str] = []
+    seen = 0
+    for root, dirs, filenames in os.walk(directory):
+        for name in [*dirs, *filenames]:
+            seen += 1
+            if seen > max_files:
+                return [*found, f"more than {max_files} entries"]
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                found.append(f"{rel} is a symlink")
+            elif stat.S_ISDIR(st.st_mode):
+                continue
+            elif not stat.S_ISREG(st.st_mode):
+                found.append(f"{rel} is a device, FIFO or socket")
+            elif rel not in listed and rel != names.CHECKPOINT_METADATA:
+                found.append(f"{rel} is not a file the checkpoint lists")
+    return found
+
+
+def load(directory: str, max_files: int = 1_000_000) -> CheckpointMetadata:
+    """checkpoint.json, after checking that every file it lists is there, whole, and that
+    nothing else is."""
     metadata = read_metadata(directory)
     path = os.path.join(directory, names.CHECKPOINT_METADATA)
-    problems = []
+    problems = strays(directory, {f.path for f in metadata.files}, max_files)
     for entry in metadata.files:
         try:
             safe_name(entry.path, "file")
@@ -73,7 +120,7 @@ def load(directory: str) -> CheckpointMetadata:
             raise RestoreError(f"{path} lists an unsafe path: {e}") from None
         full = os.path.join(directory, entry.path)
         try:
-            size = os.path.getsize(full)
+            size = os.lstat(full).st_size
         except OSError:
             problems.append(f"{entry.path} is missing")
             continue

@@ -33,6 +33,8 @@ from cryptography.hazmat.primitives import hmac as crypto_hmac
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from torpor.errors import ConfigError, DecryptionError, DigestMismatch, ImageError
+from torpor.formats import mediatypes as mt
+from torpor.formats.digests import new_hasher, verify_hasher
 from torpor.image.encryption_annotations import (
     KEYS_JWE,
     PUBOPTS,
@@ -47,7 +49,7 @@ from torpor.image.encryption_keys import DecryptionKey, Recipient
 __all__ = ["ENCRYPTED_SUFFIX", "KEYS_JWE", "PUBOPTS", "EncryptedBlob", "PlainBlob", "decrypt_blob",
            "encrypt_blob", "is_encrypted", "layer_recipients"]
 
-ENCRYPTED_SUFFIX = "+encrypted"
+ENCRYPTED_SUFFIX = mt.ENCRYPTED_SUFFIX
 CHUNK = 1 << 20
 
 
@@ -103,8 +105,16 @@ def decrypt_blob(src_path: str, dst_path: str, descriptor: Mapping[str, Any],
     key, nonce, recorded = open_layer_key(layer, annotations, private_keys)
     algorithm = recorded.partition(":")[0] if recorded else "sha256"
     plain_hasher = hashlib.new(algorithm)
+    digest_expected, size_expected = descriptor.get("digest"), descriptor.get("size")
+    cipher_hasher = new_hasher(digest_expected) if isinstance(digest_expected, str) else None
     with open(src_path, "rb", buffering=0) as src, _private_output(dst_path, durable) as out:
-        size, mac = _ctr_stream(src, out, key, nonce, encrypt=False, plain=plain_hasher)
+        size, mac = _ctr_stream(src, out, key, nonce, encrypt=False, plain=plain_hasher,
+                                cipher=cipher_hasher)
+        if isinstance(size_expected, int) and size != size_expected:
+            raise DigestMismatch(f"{layer} is {size} bytes, its descriptor says {size_expected}: "
+                                 "truncated or damaged; nothing decrypted was kept")
+        if cipher_hasher is not None and isinstance(digest_expected, str):
+            verify_hasher(cipher_hasher, digest_expected, layer)
         if not hmac.compare_digest(mac, mac_expected):
             raise DecryptionError(f"{layer} fails its HMAC check: the encrypted blob was altered, "
                                   "truncated or corrupted; nothing decrypted was kept")

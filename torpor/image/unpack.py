@@ -2,9 +2,16 @@
 into a checkpoint directory, and put the runnable image into containerd.
 
 Nothing is trusted before it is checked: manifests and the metadata are digest-checked (by the
-layout or the registry client), every layer's digest is checked as it is extracted, every
-extracted file's size is checked against the metadata, and layers of media types this torpor
-does not know are refused before anything is written.
+layout or the registry client) within size limits, the layer count and what the metadata says
+the layers unpack to are checked against the limits (`[restore]`) before any layer is read,
+every layer's digest is checked as it is extracted, every extracted file must be one the
+metadata lists and no bigger, and layers of media types this torpor does not know are refused
+before anything is written.
+
+An encrypted checkpoint (docs/encryption.md) has layers of the plain types + `+encrypted` and,
+first in its state manifest, a metadata layer: the whole metadata, while the config keeps only
+what a preflight needs (torpor.image.clear_metadata). Encrypted layers are decrypted into private
+scratch space beside the target, each checked (HMAC, sealed digest) before it is used.
 """
 
 from __future__ import annotations
@@ -12,26 +19,54 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from torpor.archive import safe_name
+from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd.api import images_pb2, types_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, FormatError, ImageError, RestoreError
+from torpor.errors import AlreadyExists, FormatError, ImageError, RestoreError, UnsafeArchive
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
+from torpor.formats.digests import sha256_digest
 from torpor.formats.metadata import BaseImage, CheckpointMetadata
 from torpor.formats.oci import Descriptor, OciDocument
+from torpor.image import clear_metadata, extract, ocicrypt
 from torpor.image import directory as checkpoint_dir
-from torpor.image import extract
+from torpor.image.encryption_annotations import open_layer_key
+from torpor.image.encryption_keys import DecryptionKey
 from torpor.registry.layout import Layout
 
-MANIFEST_LIMIT = 4 << 20
-CONFIG_LIMIT = 16 << 20
+RATIO_FLOOR = 64 << 20   # below this many bytes unpacked, the compression ratio is not checked
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """How big a checkpoint image may be (`[restore]` in the config)."""
+
+    max_layers: int = 4096
+    max_manifest_bytes: int = 4 << 20
+    max_config_bytes: int = 16 << 20
+    max_unpacked_bytes: int = 1 << 40
+    max_ratio: int = 10000
+    max_files: int = 1_000_000
+
+    @classmethod
+    def of(cls, cfg: Config) -> ImageLimits:
+        return cls(cfg.restore_max_layers, cfg.restore_max_manifest_bytes,
+                   cfg.restore_max_config_bytes, cfg.restore_max_unpacked_bytes,
+                   cfg.restore_max_compression_ratio, cfg.restore_max_files)
+
+
+MANIFEST_LIMIT = ImageLimits().max_manifest_bytes
+CONFIG_LIMIT = ImageLimits().max_config_bytes
 
 
 @dataclass
@@ -41,7 +76,7 @@ class CheckpointImage:
     runnable_manifest: dict[str, Any]
     state: Descriptor
     state_manifest: dict[str, Any]
-    metadata: CheckpointMetadata
+    metadata: CheckpointMetadata          # the config: all of it, or its clear part (encrypted)
 
     @property
     def state_layers(self) -> list[Descriptor]:
@@ -49,11 +84,36 @@ class CheckpointImage:
                 for i, layer in enumerate(self.state_manifest.get("layers", []))]
 
     @property
+    def payload_layers(self) -> list[Descriptor]:
+        """The state layers that are tar+zstd archives (all but the metadata layer)."""
+        return [d for d in self.state_layers if plain_type(d.media_type) != mt.METADATA_LAYER]
+
+    @property
+    def metadata_layer(self) -> Descriptor | None:
+        return next((d for d in self.state_layers
+                     if plain_type(d.media_type) == mt.METADATA_LAYER), None)
+
+    @property
     def runnable_blobs(self) -> list[Descriptor]:
         doc = self.runnable_manifest
         return [Descriptor.from_json(doc["config"], "runnable config"),
                 *(Descriptor.from_json(layer, f"runnable layer {i}")
                   for i, layer in enumerate(doc.get("layers", [])))]
+
+    @property
+    def own_layers(self) -> list[Descriptor]:
+        """The runnable image's layers that are not the base image's (the read-write layer)."""
+        base = len(self.metadata.image.layers) if self.metadata.image else 0
+        return self.runnable_blobs[1 + base:]
+
+    @property
+    def encrypted(self) -> bool:
+        return any(ocicrypt.is_encrypted(d.media_type)
+                   for d in (*self.state_layers, *self.runnable_blobs))
+
+
+def plain_type(media_type: str) -> str:
+    return media_type.removesuffix(mt.ENCRYPTED_SUFFIX)
 
 
 def _parse(body: bytes, what: str) -> OciDocument:
@@ -66,47 +126,109 @@ def _parse(body: bytes, what: str) -> OciDocument:
     return document
 
 
+def _layer_list(document: OciDocument, what: str) -> list[Any]:
+    layers = document.get("layers", [])
+    if not isinstance(layers, list):
+        raise ImageError(f"{what}: 'layers' is not a list")
+    return layers
+
+
 def assemble(index_desc: Descriptor, index: OciDocument,
              manifests: dict[str, tuple[Descriptor, dict[str, Any]]],
-             config: bytes) -> CheckpointImage:
-    """The checkpoint image from its documents, checked for the shape docs/format.md gives."""
+             config: bytes, limits: ImageLimits = ImageLimits()) -> CheckpointImage:
+    """The checkpoint image from its documents, checked for the shape docs/format.md gives and
+    against `limits` before any layer is read."""
     runnable = state = None
-    for entry in index.get("manifests", []):
+    entries = index.get("manifests", [])
+    if not isinstance(entries, list) or len(entries) > limits.max_layers:
+        raise ImageError(f"index {index_desc.digest} has no list of manifests, or too many")
+    for entry in entries:
         desc = Descriptor.from_json(entry, "index entry")
         role = desc.annotations.get(ann.ROLE)
         if desc.artifact_type == mt.ARTIFACT_TYPE or role == "state":
             state = desc
         elif role == "runnable" or (desc.platform or {}).get("os") == "linux":
             runnable = desc
-    if state is None or runnable is None:
+    if state is None or runnable is None or state.digest not in manifests \
+            or runnable.digest not in manifests:
         raise ImageError(f"{index_desc.digest} is not a torpor checkpoint image: its index lacks "
                          "a runnable manifest or a state manifest "
                          f"(artifactType {mt.ARTIFACT_TYPE})")
     state_doc = manifests[state.digest][1]
     runnable_doc = manifests[runnable.digest][1]
-    if state_doc.get("config", {}).get("mediaType") != mt.CHECKPOINT_CONFIG:
+    state_layers = _layer_list(state_doc, f"state manifest {state.digest}")
+    runnable_layers = _layer_list(runnable_doc, f"runnable manifest {runnable.digest}")
+    if len(state_layers) + len(runnable_layers) > limits.max_layers:
+        raise ImageError(f"the checkpoint image has {len(state_layers) + len(runnable_layers)} "
+                         f"layers, more than the limit of {limits.max_layers}",
+                         hint="a damaged or hostile image; or raise [restore] max_layers")
+    if (state_doc.get("config") or {}).get("mediaType") != mt.CHECKPOINT_CONFIG:
         raise ImageError(f"state manifest {state.digest} has config type "
-                         f"{state_doc.get('config', {}).get('mediaType')!r}, not "
+                         f"{(state_doc.get('config') or {}).get('mediaType')!r}, not "
                          f"{mt.CHECKPOINT_CONFIG}")
-    for layer in state_doc.get("layers", []):
-        if layer.get("mediaType") not in mt.STATE_LAYER_TYPES:
+    for layer in state_layers:
+        kind = layer.get("mediaType") if isinstance(layer, dict) else None
+        if plain_type(str(kind)) not in (*mt.STATE_LAYER_TYPES, mt.METADATA_LAYER):
             raise ImageError(f"state manifest {state.digest} has a layer of unknown media type "
-                             f"{layer.get('mediaType')!r}: this torpor cannot restore it",
+                             f"{kind!r}: this torpor cannot restore it",
                              hint="a newer torpor may know it")
-    for layer in runnable_doc.get("layers", []):
-        if layer.get("mediaType") not in mt.OCI_LAYER_TYPES:
+    for layer in runnable_layers:
+        kind = layer.get("mediaType") if isinstance(layer, dict) else None
+        if plain_type(str(kind)) not in mt.OCI_LAYER_TYPES:
             raise ImageError(f"runnable manifest {runnable.digest} has a layer of unknown media "
-                             f"type {layer.get('mediaType')!r}")
+                             f"type {kind!r}")
     try:
         metadata = CheckpointMetadata.loads(config, "checkpoint metadata")
     except FormatError as e:
         raise ImageError(str(e), hint=e.hint) from None
-    return CheckpointImage(index_desc, runnable, runnable_doc, state, state_doc, metadata)
+    image = CheckpointImage(index_desc, runnable, runnable_doc, state, state_doc, metadata)
+    check_declared(image, limits)
+    return image
 
 
-def open_layout(layout_dir: str, ref_name: str | None = None) -> CheckpointImage:
+def check_declared(image: CheckpointImage, limits: ImageLimits) -> None:
+    """What the metadata says the layers unpack to, against the limits, before any is read."""
+    metadata = image.metadata
+    if len(metadata.files) > limits.max_files:
+        raise ImageError(f"the checkpoint lists {len(metadata.files)} files, more than the limit "
+                         f"of {limits.max_files} ([restore] max_files)")
+    for entry in metadata.files:
+        try:
+            safe_name(entry.path, "file")
+        except UnsafeArchive as e:
+            raise ImageError(f"the checkpoint's metadata lists an unsafe path: {e}") from None
+        if entry.size < 0:
+            raise ImageError(f"the checkpoint's metadata gives {entry.path} a negative size")
+    declared = sum(f.size for f in metadata.files)
+    if declared > limits.max_unpacked_bytes:
+        raise ImageError(f"the checkpoint says it unpacks to {declared} bytes, more than the "
+                         f"limit of {limits.max_unpacked_bytes} ([restore] max_unpacked_bytes)")
+    base = [d.digest for d in metadata.image.layers] if metadata.image else []
+    runnable = [d.digest for d in image.runnable_blobs[1:]]
+    if runnable[:len(base)] != base:
+        raise ImageError("the runnable manifest's layers are not the base image's that the "
+                         "checkpoint's metadata names")
+    compressed = sum(d.size for d in (*image.payload_layers, *image.own_layers))
+    if declared > RATIO_FLOOR and declared > limits.max_ratio * max(compressed, 1):
+        raise ImageError(f"the checkpoint says its {compressed} bytes of layers unpack to "
+                         f"{declared} bytes, more than {limits.max_ratio} times as many: refused "
+                         "as a possible decompression bomb",
+                         hint="raise [restore] max_compression_ratio if you trust this image")
+
+
+def is_state_manifest(document: OciDocument) -> bool:
+    """By its artifactType, or (copies by tools that drop it, like skopeo 1.9) its config's type."""
+    config = document.get("config")
+    return document.get("artifactType") == mt.ARTIFACT_TYPE or (
+        isinstance(config, dict) and config.get("mediaType") == mt.CHECKPOINT_CONFIG)
+
+
+def open_layout(layout_dir: str, ref_name: str | None = None,
+                limits: ImageLimits = ImageLimits()) -> CheckpointImage:
     layout = Layout(Path(layout_dir))
     entries = layout.index_entries()
+    if len(entries) > limits.max_layers:
+        raise ImageError(f"{layout_dir}/index.json names {len(entries)} images: too many")
     named = [e for e in entries if ref_name and e.annotations.get(ann.REF_NAME) == ref_name]
     if named:
         entries = named
@@ -114,72 +236,193 @@ def open_layout(layout_dir: str, ref_name: str | None = None) -> CheckpointImage
         raise ImageError(f"{layout_dir} holds {len(entries)} images; name one "
                          f"({', '.join(e.annotations.get(ann.REF_NAME, e.digest) for e in entries)})")
     index_desc = entries[0]
-    index = _parse(layout.read_small(index_desc, MANIFEST_LIMIT, "index"), "index")
+    index = _parse(layout.read_small(index_desc, limits.max_manifest_bytes, "index"), "index")
     manifests = {}
-    for entry in index.get("manifests", []):
+    children = index.get("manifests", [])
+    if not isinstance(children, list) or len(children) > limits.max_layers:
+        raise ImageError(f"index {index_desc.digest} has no list of manifests, or too many")
+    for entry in children:
         desc = Descriptor.from_json(entry, "index entry")
-        manifests[desc.digest] = (desc, _parse(layout.read_small(desc, MANIFEST_LIMIT, "manifest"),
+        manifests[desc.digest] = (desc, _parse(layout.read_small(desc, limits.max_manifest_bytes,
+                                                                 "manifest"),
                                                f"manifest {desc.digest}"))
-    state_config = next((doc["config"] for _, doc in manifests.values()
-                         if doc.get("artifactType") == mt.ARTIFACT_TYPE), None)
+    state_config = next((doc.get("config") for _, doc in manifests.values()
+                         if is_state_manifest(doc)), None)
     if state_config is None:
         raise ImageError(f"{layout_dir} is not a torpor checkpoint image: no manifest has "
                          f"artifactType {mt.ARTIFACT_TYPE}")
-    config = layout.read_small(Descriptor.from_json(state_config, "config"), CONFIG_LIMIT,
-                               "checkpoint metadata")
-    return assemble(index_desc, index, manifests, config)
+    config = layout.read_small(Descriptor.from_json(state_config, "config"),
+                               limits.max_config_bytes, "checkpoint metadata")
+    return assemble(index_desc, index, manifests, config, limits)
 
 
-def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: int = 0) -> None:
-    """The checkpoint directory (CRIU images, torpor state, checkpoint.json) from the state
-    layers; the read-write layer stays in the runnable image. Removes `target` on failure."""
-    layout = Layout(Path(layout_dir))
-    os.makedirs(target, mode=0o700)
+# Encrypted layers ----------------------------------------------------------------------------
+
+def check_keys(image: CheckpointImage, keys: Sequence[DecryptionKey]) -> None:
+    """DecryptionError unless `keys` open every encrypted layer: from the manifests alone,
+    before any layer is downloaded."""
+    for layer in (*image.state_layers, *image.own_layers):
+        if ocicrypt.is_encrypted(layer.media_type):
+            open_layer_key(f"layer {layer.digest}", layer.annotations, keys)
+
+
+def open_blob(layout: Layout, layer: Descriptor, keys: Sequence[DecryptionKey],
+              work_dir: str) -> tuple[str, Descriptor, bool]:
+    """A layer as plain bytes: its blob, or, encrypted, a private decrypted copy in `work_dir`
+    (the caller removes it: the third value says so). DecryptionError without the right key."""
+    path = str(layout.blob_path(layer.digest))
+    if not os.path.isfile(path):
+        raise ImageError(f"layer {layer.digest} is missing from {layout.root}")
+    if not ocicrypt.is_encrypted(layer.media_type):
+        return path, layer, False
+    fd, plain_path = tempfile.mkstemp(prefix=".plain-", dir=work_dir)
+    os.close(fd)
     try:
-        layer_list = image.state_layers
+        plain = ocicrypt.decrypt_blob(path, plain_path, layer.to_json(), keys, durable=False)
+    except BaseException:
+        os.unlink(plain_path)
+        raise
+    raw = {k: v for k, v in layer.to_json().items() if k != "annotations"}
+    kept = {k: v for k, v in layer.annotations.items()
+            if not k.startswith("org.opencontainers.image.enc.")}
+    if kept:
+        raw["annotations"] = kept
+    raw.update(mediaType=plain.media_type, digest=plain.digest, size=plain.size)
+    return plain_path, Descriptor(plain.media_type, plain.digest, plain.size, raw), True
+
+
+def full_metadata(image: CheckpointImage, layout_dir: str, keys: Sequence[DecryptionKey],
+                  work_dir: str, limits: ImageLimits = ImageLimits()) -> CheckpointMetadata:
+    """All of the checkpoint's metadata: the config, or the (decrypted) metadata layer, which
+    must agree with the clear config that the preflight read."""
+    layer = image.metadata_layer
+    if layer is None:
+        return image.metadata
+    if layer.size > limits.max_config_bytes:
+        raise ImageError(f"the metadata layer {layer.digest} is {layer.size} bytes, more than the "
+                         f"limit of {limits.max_config_bytes}")
+    layout = Layout(Path(layout_dir))
+    path, plain, remove = open_blob(layout, layer, keys, work_dir)
+    try:
+        data = layout.read_small(plain, limits.max_config_bytes, "checkpoint metadata layer") \
+            if not remove else Path(path).read_bytes()
+    finally:
+        if remove:
+            os.unlink(path)
+    try:
+        metadata = CheckpointMetadata.loads(data, "the checkpoint's metadata layer")
+    except FormatError as e:
+        raise ImageError(str(e), hint=e.hint) from None
+    if clear_metadata.redact(metadata) != image.metadata:
+        raise ImageError("the checkpoint's metadata layer does not agree with its clear "
+                         "metadata (the config): a damaged or tampered image")
+    return metadata
+
+
+# Unpacking -----------------------------------------------------------------------------------
+
+def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: int = 0,
+                 keys: Sequence[DecryptionKey] = (), limits: ImageLimits = ImageLimits(),
+                 metadata: CheckpointMetadata | None = None) -> None:
+    """The checkpoint directory (CRIU images, torpor state, checkpoint.json) from the state
+    layers; the read-write layer stays in the runnable image. Encrypted layers are decrypted in
+    a private directory beside `target`. Removes `target` (and that directory) on failure."""
+    layout = Layout(Path(layout_dir))
+    parent = os.path.dirname(os.path.abspath(target))
+    os.makedirs(target, mode=0o700)
+    work = tempfile.mkdtemp(prefix=".decrypted-", dir=parent)
+    try:
+        metadata = metadata or full_metadata(image, layout_dir, keys, work, limits)
+        expected = {f.path: f.size for f in metadata.files if f.path != names.ROOTFS_DIFF}
+        declared = sum(expected.values())
+        _check_free_space(parent, declared + sum(d.size for d in image.payload_layers
+                                                 if ocicrypt.is_encrypted(d.media_type)))
+        budget = extract.Budget(min(declared, limits.max_unpacked_bytes), limits.max_files,
+                                "the checkpoint's metadata")
+        layer_list = image.payload_layers
         for layer in layer_list:
             if not layout.has_blob(layer.digest):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
+
+        def one(layer: Descriptor) -> None:
+            path, plain, remove = open_blob(layout, layer, keys, work)
+            try:
+                extract.extract_layer(path, plain.digest, plain.size, target,
+                                      (names.CRIU_DIR, names.CRIU_DUMP_LOG),
+                                      f"layer {layer.digest}", expected, budget)
+            finally:
+                if remove:
+                    os.unlink(path)
+
         with ThreadPoolExecutor(max_workers=workers or min(4, max(1, len(layer_list)))) as pool:
-            futures = [pool.submit(extract.extract_layer, str(layout.blob_path(layer.digest)),
-                                   layer.digest, layer.size, target,
-                                   (names.CRIU_DIR, names.CRIU_DUMP_LOG),
-                                   f"layer {layer.digest}") for layer in layer_list]
-            for future in futures:
+            for future in [pool.submit(one, layer) for layer in layer_list]:
                 future.result()
-        expected = tuple(f for f in image.metadata.files if f.path != names.ROOTFS_DIFF)
-        for entry in expected:
-            path = os.path.join(target, entry.path)
-            size = os.path.getsize(path) if os.path.isfile(path) else -1
-            if size != entry.size:
-                raise ImageError(f"{entry.path} came out of the image with {size} bytes, "
-                                 f"the checkpoint wrote {entry.size}")
-        checkpoint_dir.write_metadata(target, replace(image.metadata, files=expected,
-                                                      rootfs_in_image=True))
+        for path, size in expected.items():
+            full = os.path.join(target, path)
+            found = os.path.getsize(full) if os.path.isfile(full) and not os.path.islink(full) \
+                else -1
+            if found != size:
+                raise ImageError(f"{path} came out of the image with {found} bytes, "
+                                 f"the checkpoint wrote {size}")
+        kept = tuple(f for f in metadata.files if f.path != names.ROOTFS_DIFF)
+        checkpoint_dir.write_metadata(target, replace(metadata, files=kept, rootfs_in_image=True))
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
-                    name: str) -> BaseImage:
-    """Put the runnable image into containerd's content store and name it `name`."""
+def _check_free_space(directory: str, needed: int) -> None:
+    st = os.statvfs(directory)
+    free = st.f_bavail * st.f_frsize
+    if needed > free:
+        raise ImageError(f"the checkpoint unpacks to {needed} bytes; {directory} has {free} free",
+                         hint="free space there, or point [image] store elsewhere")
+
+
+def import_runnable(client: Client, image: CheckpointImage, layout_dir: str, name: str,
+                    keys: Sequence[DecryptionKey] = (), work_dir: str | None = None,
+                    ) -> BaseImage:
+    """Put the runnable image into containerd's content store and name it `name`. Its own
+    layers (the read-write layer) are decrypted first when encrypted, into `work_dir`, and
+    checked not to inflate beyond what the metadata declares."""
     layout = Layout(Path(layout_dir))
     blobs = image.runnable_blobs
-    for blob in blobs:  # already in containerd: not read at all
-        try:
-            client.write_file(f"torpor-{blob.digest}", str(layout.blob_path(blob.digest)),
-                              blob.size, blob.digest)
-        except FileNotFoundError:
-            raise ImageError(f"blob {blob.digest} is missing from {layout_dir}") from None
-    manifest_path = layout.blob_path(image.runnable.digest)
-    labels = {"containerd.io/gc.ref.content.config": blobs[0].digest}
-    labels.update({f"containerd.io/gc.ref.content.l.{i}": b.digest
-                   for i, b in enumerate(blobs[1:])})
-    client.write_file(f"torpor-{image.runnable.digest}", str(manifest_path),
-                      image.runnable.size, image.runnable.digest, labels=labels)
-    target = types_pb2.Descriptor(media_type=mt.OCI_MANIFEST, digest=image.runnable.digest,
-                                  size=image.runnable.size)
+    base_count = len(blobs) - len(image.own_layers)
+    declared = next((f.size for f in image.metadata.files if f.path == names.ROOTFS_DIFF), 0)
+    work = tempfile.mkdtemp(prefix=".runnable-", dir=work_dir or layout_dir)
+    try:
+        plain_blobs: list[Descriptor] = []
+        for i, blob in enumerate(blobs):
+            if i < base_count:
+                path, plain = str(layout.blob_path(blob.digest)), blob
+            else:
+                path, plain, _ = open_blob(layout, blob, keys, work)
+                extract.check_inflation(path, plain.media_type, declared,
+                                        f"the read-write layer {blob.digest}")
+            try:  # already in containerd: not read at all
+                client.write_file(f"torpor-{plain.digest}", path, plain.size, plain.digest)
+            except FileNotFoundError:
+                raise ImageError(f"blob {blob.digest} is missing from {layout_dir}") from None
+            plain_blobs.append(plain)
+        manifest = dict(image.runnable_manifest)
+        if plain_blobs[1:] != blobs[1:]:   # decrypted: a manifest that names the plain layers
+            manifest["layers"] = [d.to_json() for d in plain_blobs[1:]]
+            body = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+        else:
+            body = Path(layout.blob_path(image.runnable.digest)).read_bytes()
+        manifest_path = os.path.join(work, "manifest.json")
+        with open(manifest_path, "wb") as f:
+            f.write(body)
+        digest = sha256_digest(body)
+        labels = {"containerd.io/gc.ref.content.config": blobs[0].digest}
+        labels.update({f"containerd.io/gc.ref.content.l.{i}": b.digest
+                       for i, b in enumerate(plain_blobs[1:])})
+        client.write_file(f"torpor-{digest}", manifest_path, len(body), digest, labels=labels)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    target = types_pb2.Descriptor(media_type=mt.OCI_MANIFEST, digest=digest, size=len(body))
     record = images_pb2.Image(name=name, target=target,
                               labels={ann.IMAGE_CHECKPOINT: image.index.digest})
     try:
@@ -189,6 +432,6 @@ def import_runnable(client: Client, image: CheckpointImage, layout_dir: str,
     return containerd_image.image_chain(client, name)
 
 
-def ensure_restorable(image: CheckpointImage) -> None:
-    if not image.metadata.container.spec:
+def ensure_restorable(metadata: CheckpointMetadata) -> None:
+    if not metadata.container.spec:
         raise RestoreError("the checkpoint metadata holds no container spec")

@@ -13,7 +13,8 @@ Steps, in order (torpor-runc keeps the workload running if any of them fails bef
     diff service for other snapshotters), CRIU's log;
  6. write checkpoint.json (container, spec, image, request, node, state, sizes, timings);
  7. images only: compress the layers (zstd, in parallel) into an OCI layout, each layer
-    uploaded as soon as it is written when pushing;
+    uploaded as soon as it is written when pushing; with recipients, encrypt the image
+    (image.encrypt_layout) before anything is uploaded (no early upload then);
  8. --push only: push the manifests.
 """
 
@@ -44,6 +45,8 @@ from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo
 from torpor.formats.request import CheckpointRequest
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
+from torpor.image import encrypt_layout
+from torpor.image.encryption_keys import Recipient
 from torpor.image.store import Store
 from torpor.node import facts as node
 from torpor.ops.access import RegistryAccess
@@ -61,6 +64,7 @@ class CheckpointTarget:
     ref: str | None = None
     push: bool = False
     registry: RegistryAccess = field(default_factory=RegistryAccess)
+    recipients: tuple[Recipient, ...] = ()   # encrypt the image for these (jwe: public keys)
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ def checkpoint(client: Client, container_id: str, request: CheckpointRequest,
         layout_dir = target.directory if target.oci and target.directory \
             else str(store.prepare(ref or ""))
         t = time.monotonic()
-        if push_options is not None and ref:
+        if push_options is not None and ref and not target.recipients:
             progress.step(f"compressing layers (zstd, in parallel) and pushing them to {ref}")
             with EarlyBlobs(ref, push_options, mount_from(metadata, ref)) as early:
                 built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
@@ -143,6 +147,9 @@ def checkpoint(client: Client, container_id: str, request: CheckpointRequest,
             progress.step("compressing layers (zstd, in parallel)")
             built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
                                       level=cfg.image_zstd_level)
+        if target.recipients:
+            progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
+            built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))
         timings = {**metadata.timings, "checkpoint_s": t - started,
                    "build_s": time.monotonic() - t}
     pushed = None
@@ -219,6 +226,7 @@ def _checkpoint_into(client: Client, container: containers_pb2.Container, runtim
         snapshots.save_rw_layer(client, container, os.path.join(directory, names.ROOTFS_DIFF))
     # 6. checkpoint.json
     progress.step("writing checkpoint metadata")
+    checkpoint_dir.make_private(directory)
     files = checkpoint_dir.inventory(directory)
     metadata = CheckpointMetadata(
         torpor_version=torpor.__version__,

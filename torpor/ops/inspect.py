@@ -1,18 +1,28 @@
 """`torpor inspect SOURCE`: what a checkpoint holds, from its metadata alone (a registry image is
 inspected without downloading a layer): the container, its processes and memory, network,
-mounts, GPUs, the node it was taken on, its layers and timings."""
+mounts, GPUs, the node it was taken on, its layers and timings; and what a restore on this node
+would grant its spec (hooks, host mounts, devices, capabilities, namespaces), with what allows
+each request under this node's policy, or what would.
+
+An encrypted checkpoint shows its clear metadata only, unless a decryption key opens its
+metadata layer (from a registry, that one small layer is downloaded into scratch space)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torpor.capture.restore_policy import RestorePolicy, Verdict, verdicts
 from torpor.config import Config
 from torpor.formats import annotations as ann
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.oci import Descriptor
+from torpor.formats.spec_requests import SpecRequests
 from torpor.image import directory as checkpoint_dir
-from torpor.image import unpack
+from torpor.image import ocicrypt, unpack
+from torpor.image.encryption_annotations import layer_recipients
+from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
@@ -26,12 +36,21 @@ class InspectReport:
     digest: str | None              # the image index's digest (None for a directory)
     metadata: CheckpointMetadata
     layers: tuple[Descriptor, ...]  # state layers, then the read-write layer
+    encrypted: bool = False
+    recipients: tuple[str, ...] = ()          # the encrypted layers' key algorithms
+    sealed: bool = False            # encrypted, and its metadata layer not opened: no spec
+    grants: tuple[Verdict, ...] = ()          # what a restore here would grant (not if sealed)
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
         network = m.state.network
         return {
             "source": self.source, "kind": self.kind.value, "digest": self.digest,
+            "encrypted": self.encrypted, "recipients": list(self.recipients),
+            "sealed": self.sealed,
+            "grants": None if self.sealed else [
+                {"what": v.what, "allowed_by": v.allowed_by or None,
+                 "remedy": None if v.allowed_by else v.remedy} for v in self.grants],
             "container": m.container.id, "image": m.image.name if m.image else None,
             "created": m.created, "torpor_version": m.torpor_version,
             "request": m.request.to_json(), "sizes": m.sizes.__dict__, "timings": m.timings,
@@ -54,16 +73,40 @@ class InspectReport:
         }
 
 
-def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS) -> InspectReport:
+def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
+            keys: Sequence[DecryptionKey] = ()) -> InspectReport:
     store = Store(cfg.image_store)
     kind = kind_of(source, store)
+    limits = unpack.ImageLimits.of(cfg)
     if kind is SourceKind.DIRECTORY:
-        return InspectReport(source, kind, None, checkpoint_dir.load(source), ())
-    if kind is SourceKind.REGISTRY:
-        with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
-            image = image_of_plan(plan)
-    else:
-        image = unpack.open_layout(source if kind is SourceKind.LAYOUT
-                                   else str(store.layout(source)))
+        metadata = checkpoint_dir.load(source, max_files=limits.max_files)
+        return InspectReport(source, kind, None, metadata, (), grants=_grants(metadata, cfg))
+    with store.scratch() as scratch:
+        if kind is SourceKind.REGISTRY:
+            with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
+                image = image_of_plan(plan, limits)
+                layout = str(scratch / "layout")
+                wanted = [layer for layer in plan.layers
+                          if layer.descriptor == image.metadata_layer]
+                if keys and wanted:
+                    plan.download(layout, wanted)
+        else:
+            layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
+            image = unpack.open_layout(layout, limits=limits)
+        sealed = image.metadata_layer is not None and ocicrypt.is_encrypted(
+            image.metadata_layer.media_type) and not keys
+        metadata = image.metadata if sealed else unpack.full_metadata(
+            image, layout, keys, str(scratch), limits)
+    encrypted = [d for d in (*image.state_layers, *image.own_layers)
+                 if ocicrypt.is_encrypted(d.media_type)]
+    recipients = tuple(sorted({r for d in encrypted for r in layer_recipients(d.annotations)}))
     layers = (*image.state_layers, *image.runnable_blobs[1:])
-    return InspectReport(source, kind, image.index.digest, image.metadata, tuple(layers))
+    return InspectReport(source, kind, image.index.digest, metadata, tuple(layers),
+                         bool(encrypted), recipients, sealed,
+                         () if sealed else _grants(metadata, cfg))
+
+
+def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:
+    """What a restore under the same name, with no options, would be granted or refused."""
+    requests = SpecRequests.of(metadata.container.spec)
+    return tuple(verdicts(requests, RestorePolicy.of(cfg)))

@@ -1,20 +1,25 @@
 """`torpor pull REF`: a checkpoint image from a registry into the local store (or an OCI layout
 with -o DIR).
 
-Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint;
-2. download every layer (in parallel, resuming dropped transfers, each digest-checked) into the
-layout.
+Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint
+within the limits of `[restore]`, that the decryption keys (if any) open every encrypted layer
+and that the layers fit on disk; 2. download every layer (in parallel, resuming dropped
+transfers, each digest-checked) into the layout; 3. with decryption keys: decrypt the layers in
+the layout (image.encrypt_layout.decrypt_layout), each checked before anything changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torpor.config import Config
+from torpor.image import encrypt_layout, unpack
+from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
-from torpor.ops.sources import image_of_plan, registry_options
+from torpor.ops.sources import check_download_space, image_of_plan, registry_options, tag_of
 from torpor.registry import fetch_metadata
 from torpor.reporting import SILENT, Progress
 
@@ -26,18 +31,25 @@ class PullResult:
     container: str
     downloaded: int
     bytes_downloaded: int
+    encrypted: bool = False        # the layout holds encrypted layers
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess = NO_CREDENTIALS,
-         progress: Progress = SILENT) -> PullResult:
+         progress: Progress = SILENT, keys: Sequence[DecryptionKey] = ()) -> PullResult:
     store = Store(cfg.image_store)
     with fetch_metadata(ref, registry_options(cfg, ref, access)) as plan:
-        image = image_of_plan(plan)
+        image = image_of_plan(plan, unpack.ImageLimits.of(cfg))
+        if keys:
+            unpack.check_keys(image, keys)
+        check_download_space(plan, cfg)
         layout = out or str(store.prepare(ref))
         progress.step(f"downloading {len(plan.layers)} layers")
         result = plan.download(layout, progress=progress.transfer("downloaded"))
+    if keys and image.encrypted:
+        progress.step("decrypting the layers")
+        encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
     return PullResult(str(result.reference), layout, image.metadata.container.id,
-                      result.downloaded, result.bytes_downloaded)
+                      result.downloaded, result.bytes_downloaded, image.encrypted and not keys)

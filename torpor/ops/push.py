@@ -2,13 +2,15 @@
 checkpoint directory, packed first) to a registry.
 
 Steps: 1. find the source; 2. a checkpoint directory only: compress it into an OCI layout in
-scratch space (its base image comes from containerd); 3. push the layout's blobs (cross-repo
-mounts where the registry has them, resumable uploads, every blob digest-checked), then its
-manifests.
+scratch space (its base image comes from containerd); 3. with recipients: encrypt a copy of the
+layout in scratch space (image.encrypt_layout; the source is left as it is); 4. push the
+layout's blobs (cross-repo mounts where the registry has them, resumable uploads, every blob
+digest-checked), then its manifests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,8 @@ from torpor.config import Config
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
 from torpor.image import build as image_build
+from torpor.image import encrypt_layout
+from torpor.image.encryption_keys import Recipient
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, kind_of, registry_options, tag_of
@@ -37,7 +41,8 @@ class PushResult:
 
 
 def push(client: Client | None, source: str, ref: str, cfg: Config,
-         access: RegistryAccess = NO_CREDENTIALS, progress: Progress = SILENT) -> PushResult:
+         access: RegistryAccess = NO_CREDENTIALS, progress: Progress = SILENT,
+         recipients: Sequence[Recipient] = ()) -> PushResult:
     store = Store(cfg.image_store)
     kind = kind_of(source, store)
     if kind is SourceKind.REGISTRY:
@@ -51,6 +56,11 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
                                            ref_name=tag_of(ref), level=cfg.image_zstd_level).layout)
         else:
             layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
+            if recipients:
+                layout = encrypt_layout.copy_layout(layout, str(scratch / "layout"))
+        if recipients:
+            progress.step(f"encrypting the layers for {len(recipients)} recipient(s)")
+            encrypt_layout.encrypt_layout(layout, recipients)
         progress.step(f"pushing {ref}")
         pushed = push_layout(layout, ref, options=registry_options(cfg, ref, access),
                              progress=progress.transfer("uploaded"))

@@ -4,19 +4,26 @@ SOURCE is a checkpoint directory, an OCI layout, a local image (`torpor ls`) or 
 registry. Steps, in order (an ExitStack undoes each if a later one fails: no container, task,
 snapshot or scratch directory is left):
  1. find the checkpoint and read its metadata (a registry: the index, manifests and metadata
-    only);
+    only; an encrypted image's metadata layer into scratch space), within the limits of
+    `[restore]` (layer count, document sizes, what the layers unpack to); a checkpoint
+    directory must hold exactly the files its metadata lists;
  2. check this node against it: architecture, kernel, CPU features, CRIU, runc, cgroups, GPUs;
-    before any layer is downloaded;
- 3. registry only: download the layers into the local store, every blob digest-checked;
- 4. images only: unpack the state layers into scratch space (the CRIU images) and import the
-    runnable image (base layers + the read-write layer) into containerd;
- 5. the root filesystem: a snapshot of the image, plus the read-write layer for directories;
- 6. the container: the checkpoint's spec (cgroup path, network namespace and volume sources
+    and that the decryption keys open every encrypted layer; before any layer is downloaded;
+ 3. the policy: the checkpoint's spec, rewritten for this restore, against this node's restore
+    policy and what the user granted (capture.restore_policy): hooks, host mounts, devices,
+    capabilities, namespaces, the root path; refused before anything is created;
+ 4. registry only: download the layers into the local store, every blob digest-checked;
+ 5. images only: unpack the state layers into scratch space (the CRIU images; encrypted layers
+    decrypted there) and import the runnable image (base layers + the read-write layer) into
+    containerd;
+ 6. the root filesystem: a snapshot of the image, plus the read-write layer for directories;
+ 7. the container: the checkpoint's spec (cgroup path, network namespace and volume sources
     rewritten for the new name and node), runtime io.containerd.runc.v2 with BinaryName = this
     node's torpor-runc;
- 7. the task from the CRIU images (criu_image_path), repeating BinaryName in the task options
-    because containerd does not merge them with the container's; Tasks.Start runs
-    torpor-runc restore, which puts back the CRIU flags, network, volumes and GPU state.
+ 8. the task from the CRIU images (criu_image_path), repeating BinaryName in the task options
+    because containerd does not merge them with the container's, with the grant record that
+    torpor-runc checks the spec against again; Tasks.Start runs torpor-runc restore, which puts
+    back the CRIU flags, network, volumes and GPU state.
 The checkpoint itself is only read.
 """
 
@@ -33,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torpor.capture import records, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd import runtime as runc_runtime
@@ -44,12 +52,20 @@ from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
 from torpor.formats.oci import OciSpec
+from torpor.formats.spec_requests import SpecRequests
 from torpor.image import directory as checkpoint_dir
 from torpor.image import unpack
+from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
 from torpor.ops.access import RegistryAccess
-from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
+from torpor.ops.sources import (
+    SourceKind,
+    check_download_space,
+    image_of_plan,
+    kind_of,
+    registry_options,
+)
 from torpor.registry import fetch_metadata
 from torpor.reporting import SILENT, Progress
 
@@ -60,6 +76,9 @@ class RestoreOptions:
     netns: str | None = None              # restore into this network namespace (a path)
     add_addresses: bool = False           # add the addresses sockets need to that namespace
     volumes: dict[str, str] = field(default_factory=dict)   # destination -> new host source
+    accept_mounts: frozenset[str] = frozenset()   # destinations whose host source is accepted
+    allow_spec_hooks: bool = False        # run the hooks the checkpoint's spec names
+    decryption_keys: tuple[DecryptionKey, ...] = ()
     log_uri: str | None = None            # the task's stdout/stderr (default: a file)
     runtime_binary: str | None = None     # torpor-runc on this node
     registry: RegistryAccess = field(default_factory=RegistryAccess)
@@ -78,64 +97,103 @@ class RestoreResult:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class ApprovedSpec:
+    """The spec the container is created with, and what of it the policy granted."""
+
+    spec: OciSpec
+    requests: SpecRequests
+
+
+def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config) -> ApprovedSpec:
+    """Step 3: the checkpoint's spec for this restore, checked against the node's policy."""
+    unpack.ensure_restorable(metadata)
+    spec = rewrite_spec(metadata.container.spec, metadata.container.id,
+                        options.name or metadata.container.id, options)
+    requests = SpecRequests.of(spec)
+    grants = restore_policy.UserGrants(
+        spec_hooks=options.allow_spec_hooks,
+        mounts=frozenset(options.volumes) | options.accept_mounts, netns=options.netns)
+    restore_policy.check(requests, restore_policy.RestorePolicy.of(cfg), grants)
+    return ApprovedSpec(spec, requests)
+
+
 def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             progress: Progress = SILENT) -> RestoreResult:
     started = time.monotonic()
     timings: dict[str, float] = {}
     store = Store(cfg.image_store)
+    limits = unpack.ImageLimits.of(cfg)
+    keys = options.decryption_keys
     kind = kind_of(source, store)
     if kind is SourceKind.DIRECTORY:
-        # 1. the directory, every file checked, 2. this node
+        # 1. the directory, every file checked, 2. this node, 3. the policy
         progress.step(f"checking {os.path.abspath(source)}")
-        metadata = checkpoint_dir.load(source)
+        metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         compat.check(metadata, cfg)
-        return _restore_directory(client, os.path.abspath(source), metadata, options, cfg,
-                                  progress, started, source, timings)
+        approved = approve(metadata, options, cfg)
+        return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
+                                  cfg, progress, started, source, timings)
 
     ref: str | None = None
-    if kind is SourceKind.REGISTRY:
-        ref = source
-        # 1. the image's metadata, 2. this node, 3. the layers
-        progress.step(f"fetching {source}'s index and metadata")
-        with fetch_metadata(source, registry_options(cfg, source, options.registry)) as plan:
-            image = image_of_plan(plan)
-            progress.step("checking this node against the checkpoint")
-            compat.check(image.metadata, cfg)
-            layout = str(store.prepare(source))
-            progress.step(f"downloading {len(plan.layers)} layers")
-            t = time.monotonic()
-            plan.download(layout, progress=progress.transfer("downloaded"))
-            timings["pull_s"] = time.monotonic() - t
-    else:
-        if kind is SourceKind.STORE:
-            ref, layout = source, str(store.layout(source))
-        else:
-            layout = source
-        image = unpack.open_layout(layout)
-        compat.check(image.metadata, cfg)
-    unpack.ensure_restorable(image)
-    name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
-                  f"{image.index.digest.split(':')[1][:12]}"
-    # 4. the CRIU images into scratch, the runnable image into containerd
     with store.scratch() as scratch:
+        if kind is SourceKind.REGISTRY:
+            ref = source
+            # 1. the image's metadata, 2. this node and the keys, 3. the policy, 4. the layers
+            progress.step(f"fetching {source}'s index and metadata")
+            with fetch_metadata(source, registry_options(cfg, source, options.registry)) as plan:
+                image = image_of_plan(plan, limits)
+                progress.step("checking this node against the checkpoint")
+                compat.check(image.metadata, cfg)
+                unpack.check_keys(image, keys)
+                check_download_space(plan, cfg)
+                metadata_layout = str(scratch / "metadata")
+                wanted = [layer for layer in plan.layers
+                          if layer.descriptor == image.metadata_layer]
+                if wanted:   # an encrypted image's whole metadata: one small layer, first
+                    plan.download(metadata_layout, wanted)
+                metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
+                                                limits)
+                approved = approve(metadata, options, cfg)
+                layout = str(store.prepare(source))
+                progress.step(f"downloading {len(plan.layers)} layers")
+                t = time.monotonic()
+                plan.download(layout, progress=progress.transfer("downloaded"))
+                timings["pull_s"] = time.monotonic() - t
+        else:
+            if kind is SourceKind.STORE:
+                ref, layout = source, str(store.layout(source))
+            else:
+                layout = source
+            image = unpack.open_layout(layout, limits=limits)
+            compat.check(image.metadata, cfg)
+            unpack.check_keys(image, keys)
+            # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
+            metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
+            approved = approve(metadata, options, cfg)
+        name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
+                      f"{image.index.digest.split(':')[1][:12]}"
+        # 5. the CRIU images into scratch, the runnable image into containerd
         progress.step("unpacking the CRIU images")
         t = time.monotonic()
         directory = str(scratch / "checkpoint")
-        unpack.unpack_state(image, layout, directory)
+        unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
+                            metadata=metadata)
         with client.lease():
             progress.step(f"importing the runnable image {name} into containerd")
-            chain = unpack.import_runnable(client, image, layout, name)
+            chain = unpack.import_runnable(client, image, layout, name, keys, str(scratch))
             timings["unpack_s"] = time.monotonic() - t
-            metadata = checkpoint_dir.load(directory)
-            return _restore_directory(client, directory, metadata, options, cfg, progress,
-                                      started, source, timings, rootfs_image=chain)
+            metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
+            return _restore_directory(client, directory, metadata, approved, options, cfg,
+                                      progress, started, source, timings, rootfs_image=chain)
 
 
 def _restore_directory(client: Client, directory: str, metadata: CheckpointMetadata,
-                       options: RestoreOptions, cfg: Config, progress: Progress,
-                       started: float, source: str, timings: dict[str, float],
+                       approved: ApprovedSpec, options: RestoreOptions, cfg: Config,
+                       progress: Progress, started: float, source: str,
+                       timings: dict[str, float],
                        rootfs_image: BaseImage | None = None) -> RestoreResult:
-    """Steps 5 to 7 from a checkpoint directory. `rootfs_image` is an image in containerd that
+    """Steps 6 to 8 from a checkpoint directory. `rootfs_image` is an image in containerd that
     already holds the read-write layer (a checkpoint image's runnable manifest); without it,
     the base image plus the directory's rootfs-diff.tar are used."""
     original = metadata.container
@@ -148,16 +206,17 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         pass
     snapshotter = original.snapshotter or "overlayfs"
     image = rootfs_image or _base_image(client, metadata, progress)
-    spec = rewrite_spec(original.spec, original.id, name, options)
+    spec = approved.spec
     runtime = RuntimeInfo(name=runc_runtime.RUNC_SHIM,
                           binary_name=options.runtime_binary or default_runtime_binary(),
                           root=original.runtime.root,
                           systemd_cgroup=original.runtime.systemd_cgroup)
     work = os.path.join(cfg.runtime_state_dir, "restore-work",
-                        f"{client.namespace}-{name}-{secrets.token_hex(3)}")
+                        f"{client.namespace}-{name}-{secrets.token_hex(16)}")
+    record = records.containerd_record_dir(cfg.runtime_state_dir, client.namespace, name)
     log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
     with contextlib.ExitStack() as undo, client.lease():
-        # 5. the root filesystem
+        # 6. the root filesystem
         containerd_image.ensure_unpacked(client, snapshotter, image)
         progress.step("preparing the container's root filesystem")
         mounts = client.prepare_snapshot(snapshotter, name, image.chain_id)
@@ -165,7 +224,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         diff = os.path.join(directory, names.ROOTFS_DIFF)
         if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
             snapshots.apply_rw_layer(client, diff, mounts)
-        # 6. the container
+        # 7. the container
         labels = {**original.labels, ann.RESTORED_FROM: directory}
         client.create_container(containers_pb2.Container(
             id=name, image=image.name, labels=labels, snapshotter=snapshotter,
@@ -174,9 +233,11 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
                                                      options=runc_runtime.runc_options(runtime)),
             spec=runc_runtime.pack_any(runc_runtime.SPEC_TYPE_URL, json.dumps(spec).encode())))
         undo.callback(_quietly, client.delete_container, name)
-        # 7. the task, from the CRIU images
+        # 8. the task, from the CRIU images, with what the policy granted
         os.makedirs(work, mode=0o700, exist_ok=True)
         undo.callback(shutil.rmtree, work, True)
+        grant = restore_policy.write_grant(record, approved.requests)
+        undo.callback(_quietly, os.unlink, grant)
         progress.step("restoring the task (torpor-runc, CRIU)")
         t0 = time.monotonic()
         client.create_task(tasks_pb2.CreateTaskRequest(
@@ -194,6 +255,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         timings["restore_s"] = time.monotonic() - t0
         undo.pop_all()
     shutil.rmtree(work, ignore_errors=True)
+    _quietly(os.unlink, grant)
     timings["total_s"] = time.monotonic() - started
     return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
 

@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from torpor.config import Config
-from torpor.errors import ImageError
-from torpor.formats import mediatypes as mt
+from torpor.errors import ImageError, RestoreError
 from torpor.formats import names
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.image import unpack
@@ -50,7 +49,8 @@ def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryO
         username=access.username, password=access.password,
         docker_config=Path(cfg.registry_docker_config) if cfg.registry_docker_config else None,
         ca_file=Path(ca) if ca else None, insecure=insecure,
-        parallel=max(4, os.cpu_count() or 1))
+        parallel=max(4, os.cpu_count() or 1), manifest_limit=cfg.restore_max_manifest_bytes,
+        config_limit=cfg.restore_max_config_bytes)
 
 
 def tag_of(ref: str | None) -> str | None:
@@ -70,10 +70,23 @@ def mount_from(metadata: CheckpointMetadata, ref: str) -> list[str]:
     return [base.repository] if base.registry == target.registry else []
 
 
-def image_of_plan(plan: PullPlan) -> unpack.CheckpointImage:
+def image_of_plan(plan: PullPlan,
+                  limits: unpack.ImageLimits | None = None) -> unpack.CheckpointImage:
     """The checkpoint image a registry pull plan describes (its metadata already fetched)."""
     manifests = {m.descriptor.digest: (m.descriptor, m.document) for m in plan.manifests}
-    state = next((m for m in plan.manifests if m.artifact_type == mt.ARTIFACT_TYPE), None)
+    state = next((m for m in plan.manifests if unpack.is_state_manifest(m.document)), None)
     if state is None or state.config is None:
         raise ImageError(f"{plan.reference} is not a torpor checkpoint image")
-    return unpack.assemble(plan.top.descriptor, plan.top.document, manifests, state.config)
+    return unpack.assemble(plan.top.descriptor, plan.top.document, manifests, state.config,
+                           limits or unpack.ImageLimits())
+
+
+def check_download_space(plan: PullPlan, cfg: Config) -> None:
+    """The layers must fit where they are downloaded, and within the limit."""
+    total = sum(layer.descriptor.size for layer in plan.layers)
+    os.makedirs(cfg.image_store, mode=0o700, exist_ok=True)
+    st = os.statvfs(cfg.image_store)
+    free = st.f_bavail * st.f_frsize
+    if total > min(free, cfg.restore_max_unpacked_bytes):
+        raise RestoreError(f"{plan.reference}'s layers are {total} bytes; {cfg.image_store} has "
+                           f"{free} free (limit {cfg.restore_max_unpacked_bytes})")

@@ -2,7 +2,9 @@
 
 The steps, in order:
 
- 1. write torpor's hooks into the restore-time spec (torpor-hook at createRuntime and poststop);
+ 1. check the restore-time spec against this node's restore policy (capture.restore_policy):
+    exactly what `torpor restore` granted (its record), or else what the policy allows alone;
+    then write torpor's hooks into it, this node's own (createRuntime and poststop);
  2. read torpor/state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
     file-locks, ext-unix-sk, shell-job), as they were at checkpoint time;
@@ -12,7 +14,8 @@ The steps, in order:
     bound again); into an existing namespace (a path), check that the addresses the sockets
     need are there, or add them when the annotation io.torpor.restore.add-addresses is "true";
  6. files: the read-write layer (when it travelled in the image directory, as with ctr),
-    volumes and /dev/shm, into the restore-time rootfs and bind sources;
+    volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
+    symlink out of them and within the limits of `[restore]`;
  7. `runc restore` with the caller's argv plus the flags of step 3;
  8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock.
     If that fails, the restored container is killed: a restore succeeds whole or not at all.
@@ -26,13 +29,14 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from torpor.capture import files, netns, records
+from torpor.capture import files, netns, records, restore_policy
 from torpor.capture.freezer import Cgroup
 from torpor.errors import FormatError, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.oci import OciSpec
+from torpor.formats.spec_requests import SpecRequests
 from torpor.formats.state import ContainerState
 from torpor.shim import criu_log, lowlevel, modifiers, runc, spec
 
@@ -85,8 +89,11 @@ def run(ctx: Context) -> int:
     bundle = inv.flag("bundle", "b") or os.getcwd()
     image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
 
-    # 1. hooks, 2. torpor's state
+    # 1. the policy, then hooks, 2. torpor's state
     config = spec.load(bundle)
+    record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
+    restore_policy.check_in_runtime(SpecRequests.of(config), restore_policy.RestorePolicy.of(ctx.cfg),
+                                    restore_policy.take_grant(record))
     changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
                                                              ctx.cfg.runtime_state_dir))
     state = read_state(image_path)
@@ -99,13 +106,13 @@ def run(ctx: Context) -> int:
 
     # 4. GPU: refuse early
     session.check_before_restore(ctx.cfg, state.gpu)
-    record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
     plan_path = os.path.join(record, names.RESTORE_PLAN)
     with contextlib.ExitStack() as undo:
         undo.callback(_unlink, plan_path)
         # 5. network, 6. files
         prepare_network(config, state, plan_path)
-        files.restore(config, bundle, image_path, state.files)
+        files.restore(config, bundle, image_path, state.files,
+                      restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files)
         if changed:
             spec.flush(bundle, config)
         # 3. + 7. runc restore with the flags containerd dropped

@@ -1,0 +1,206 @@
+"""What a restored container may have on this node: a checkpoint's spec (its requests,
+torpor.formats.spec_requests) against the node's policy (`[restore]` in the config) and what the
+user granted on the command line.
+
+Allowed without asking: the root at `rootfs` in the bundle; containerd's default devices and
+capabilities; a namespace of each kind of the container's own; filesystems that are the
+container's own (proc, sysfs, tmpfs, devpts, mqueue, cgroup). Everything else needs the policy
+or the user: hooks (`[restore] hooks`, or `--allow-spec-hooks`), bind mounts and other host
+filesystems (`[restore] mount_sources`, or `--volume DEST[=SOURCE]`), devices (`[restore]
+devices`), capabilities (`[restore] capabilities`), host or joined namespaces (`[restore]
+host_namespaces`; a network namespace given with `--netns`). A root path elsewhere and a cgroup
+path with `..` are refused outright.
+
+`torpor restore` checks before anything is created and leaves what it granted in a record for
+torpor-runc, which checks again (a `ctr` restore has no record: the policy alone decides). This
+lives in capture/ because torpor-runc, which imports only the ground floor and capture/, needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from torpor.archive import ArchiveLimits
+from torpor.atomicfile import write_atomic
+from torpor.config import Config
+from torpor.errors import FormatError, RestoreError
+from torpor.formats.spec_requests import (
+    GRANT_FILE,
+    Device,
+    Namespace,
+    RestoreGrant,
+    SpecRequests,
+)
+
+GRANT_TTL_S = 600
+# containerd's default device rules: null, zero, full, random, urandom, tty, console, ptmx,
+# the pts, tun
+DEFAULT_DEVICES = ("c 1:3", "c 1:5", "c 1:7", "c 1:8", "c 1:9", "c 5:0", "c 5:1", "c 5:2",
+                   "c 136:*", "c 10:200")
+
+
+@dataclass(frozen=True)
+class RestorePolicy:
+    hooks: tuple[str, ...] = ()
+    mount_sources: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    host_namespaces: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: Config) -> RestorePolicy:
+        return cls(tuple(cfg.restore_hooks), tuple(cfg.restore_mount_sources),
+                   tuple(cfg.restore_devices), tuple(cfg.restore_capabilities),
+                   tuple(cfg.restore_host_namespaces))
+
+
+@dataclass(frozen=True)
+class UserGrants:
+    """What the user allowed on the command line."""
+
+    spec_hooks: bool = False                          # --allow-spec-hooks
+    mounts: frozenset[str] = field(default_factory=frozenset)  # destinations given by --volume
+    netns: str | None = None                          # --netns PATH
+
+
+@dataclass(frozen=True)
+class Verdict:
+    what: str          # the request, in words
+    allowed_by: str    # "" when refused
+    remedy: str = ""   # what would allow it
+
+
+def verdicts(requests: SpecRequests, policy: RestorePolicy,
+             grants: UserGrants = UserGrants()) -> list[Verdict]:
+    """Every request of the spec, with what allows it or what would."""
+    out: list[Verdict] = []
+    root = requests.root_path
+    out.append(Verdict(f"root filesystem at {root!r}", "the bundle" if root == "rootfs" else "",
+                       "" if root == "rootfs" else "none: the root must be the bundle's rootfs"))
+    for hook in requests.hooks:
+        by = ("[restore] hooks" if hook.path in policy.hooks else
+              "--allow-spec-hooks" if grants.spec_hooks else "")
+        out.append(Verdict(f"{hook.stage} hook {hook.path} {hook.args}".rstrip(), by,
+                           "--allow-spec-hooks, or the path in [restore] hooks"))
+    for mount in requests.host_mounts:
+        destination = mount.destination.rstrip("/") or "/"
+        by = ("--volume" if destination in grants.mounts else
+              "[restore] mount_sources" if _under(mount.source, policy.mount_sources) else "")
+        kind = "bind mount" if mount.type == "bind" else f"{mount.type or 'untyped'} mount"
+        out.append(Verdict(f"{kind} of host path {mount.source!r} at {mount.destination}"
+                           + (" (read-only)" if mount.read_only else ""), by,
+                           f"--volume {destination}=NEW_SOURCE, --volume {destination} to accept "
+                           "it, or [restore] mount_sources"))
+    allowed_devices = [*DEFAULT_DEVICES, *policy.devices]
+    for device in requests.devices:
+        default = _device_allowed(device, DEFAULT_DEVICES)
+        by = "default" if default else (
+            "[restore] devices" if _device_allowed(device, allowed_devices) else "")
+        out.append(Verdict(device.describe(), by, f'[restore] devices = ["{_rule(device)}"]'))
+    for capability in requests.capabilities:
+        out.append(Verdict(f"capability {capability}", "[restore] capabilities"
+                           if capability in policy.capabilities else "",
+                           f'[restore] capabilities = ["{capability}"]'))
+    for ns in requests.namespaces:
+        out.append(_namespace_verdict(ns, policy, grants))
+    cgroups = requests.cgroups_path
+    if cgroups and ".." in cgroups.replace(":", "/").split("/"):
+        out.append(Verdict(f"cgroup path {cgroups!r}", "", "none: '..' is refused"))
+    return out
+
+
+def refusals(requests: SpecRequests, policy: RestorePolicy,
+             grants: UserGrants = UserGrants()) -> list[Verdict]:
+    return [v for v in verdicts(requests, policy, grants) if not v.allowed_by]
+
+
+def check(requests: SpecRequests, policy: RestorePolicy, grants: UserGrants = UserGrants()) -> None:
+    """RestoreError listing every request of the spec that nothing allows."""
+    refused = refusals(requests, policy, grants)
+    if refused:
+        lines = "\n".join(f"  - {v.what} (allow with: {v.remedy})" for v in refused)
+        raise RestoreError("the checkpoint's spec asks for what this node's restore policy "
+                           f"does not allow:\n{lines}",
+                           hint="torpor inspect shows what a restore would grant")
+
+
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    if not path.startswith("/") or ".." in path.split("/"):
+        return False
+    normal = os.path.normpath(path)
+    return any(normal == os.path.normpath(p) or normal.startswith(os.path.normpath(p).rstrip("/")
+                                                                  + "/")
+               for p in prefixes if p.startswith("/"))
+
+
+def _rule(device: Device) -> str:
+    return (f"{device.kind} {'*' if device.major < 0 else device.major}:"
+            f"{'*' if device.minor < 0 else device.minor}")
+
+
+def _device_allowed(device: Device, rules: list[str] | tuple[str, ...]) -> bool:
+    kind = "c" if device.kind == "u" else device.kind
+    for rule in rules:
+        rule_kind, _, numbers = rule.partition(" ")
+        major, _, minor = numbers.partition(":")
+        if rule_kind not in (kind, "a"):
+            continue
+        if major != "*" and (device.major < 0 or major != str(device.major)):
+            continue
+        if minor != "*" and (device.minor < 0 or minor != str(device.minor)):
+            continue
+        return True
+    return False
+
+
+def _namespace_verdict(ns: Namespace, policy: RestorePolicy, grants: UserGrants) -> Verdict:
+    if not ns.path:
+        return Verdict(f"the host's {ns.type} namespace (the spec has none of its own)",
+                       "[restore] host_namespaces" if ns.type in policy.host_namespaces else "",
+                       f'[restore] host_namespaces = ["{ns.type}"]')
+    by = ("--netns" if ns.type == "network" and grants.netns and
+          os.path.normpath(ns.path) == os.path.normpath(grants.netns) else
+          "[restore] host_namespaces" if ns.type in policy.host_namespaces else "")
+    remedy = "--netns PATH" if ns.type == "network" else \
+        f'[restore] host_namespaces = ["{ns.type}"]'
+    return Verdict(f"joining the {ns.type} namespace {ns.path}", by, remedy)
+
+
+def archive_limits(cfg: Config) -> ArchiveLimits:
+    return ArchiveLimits(max_entries=cfg.restore_max_files,
+                         max_bytes=cfg.restore_max_unpacked_bytes)
+
+
+# The record torpor restore leaves for torpor-runc ----------------------------------------
+
+def write_grant(record_dir: str, requests: SpecRequests) -> str:
+    os.makedirs(record_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(record_dir, GRANT_FILE)
+    write_atomic(path, RestoreGrant(requests, time.time() + GRANT_TTL_S).dumps(), mode=0o600)
+    return path
+
+
+def take_grant(record_dir: str) -> SpecRequests | None:
+    """What torpor restore granted this container, removed as it is read; None if nothing."""
+    path = os.path.join(record_dir, GRANT_FILE)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)
+        os.unlink(path)
+    except OSError:
+        return None
+    try:
+        grant = RestoreGrant.loads(data, path)
+    except FormatError:
+        return None
+    return grant.requests if grant.expires >= time.time() else None
+
+
+def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
+                     granted: SpecRequests | None) -> None:
+    """torpor-runc's check: what torpor restore granted, exactly, or the node's policy alone."""
+    if granted is not None and granted == requests:
+        return
+    check(requests, policy)
