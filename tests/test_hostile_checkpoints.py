@@ -533,3 +533,30 @@ def test_tampered_image_in_a_registry(corpus: World, tmp_path: Path, case: str) 
     assert result.returncode != 0
     stored = list((corpus.canary.parent / "store").glob("images/*/layout/blobs/sha256/*"))
     assert all(p.stat().st_size < 1 << 20 for p in stored)   # refused before any layer came
+
+
+def test_what_the_user_grants_is_honoured_and_checked_again(corpus: World, tmp_path: Path) -> None:
+    """The other side of the policy: a hook granted with --allow-spec-hooks runs (torpor-runc
+    accepts the grant torpor restore left, then takes it), a bind mount accepted with
+    --volume DEST is restored into the source the checkpoint names."""
+    copy = tmp_path / "ck"
+    shutil.copytree(corpus.directory, copy, symlinks=True)
+    marker = tmp_path / "hook-ran"
+    document = metadata_of(copy)
+    document["container"]["spec"].setdefault("hooks", {})["createRuntime"] = [
+        {"path": "/bin/sh", "args": ["sh", "-c", f"echo granted > {marker}"]}]
+    save_metadata(copy, document)
+    refused = torpor(corpus.node, "restore", str(copy), "--name", "hg-refused", "--volume",
+                     "/data", check=False)
+    assert refused.returncode != 0 and "createRuntime hook /bin/sh" in refused.stderr
+    source = corpus.canary.parent / "volume"
+    (source / "v").unlink()
+    try:
+        torpor(corpus.node, "restore", str(copy), "--name", "hg-granted", "--volume", "/data",
+               "--allow-spec-hooks")
+        assert marker.read_text() == "granted\n"
+        assert (source / "v").read_text() == "v\n"      # into the accepted host path
+        state = corpus.canary.parent / "state"
+        assert not list(state.glob("containers/*/hg-granted/restore-grant.json"))   # taken
+    finally:
+        remove(corpus.node, "hg-granted")
