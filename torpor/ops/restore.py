@@ -280,6 +280,7 @@ def _base_image(client: Client, metadata: CheckpointMetadata, progress: Progress
 def rewrite_spec(spec: OciSpec, old_id: str, new_id: str, options: RestoreOptions) -> OciSpec:
     """The checkpoint's spec for the new container: its cgroup path under the new name, the
     network namespace and volume sources asked for, the add-addresses request."""
+    check_shape(spec)
     spec = json.loads(json.dumps(spec))
     linux = spec.setdefault("linux", {})
     cgroups = linux.get("cgroupsPath")
@@ -306,6 +307,28 @@ def rewrite_spec(spec: OciSpec, old_id: str, new_id: str, options: RestoreOption
         raise RestoreError("the checkpointed container has a terminal (tty): torpor restores "
                            "containers without one")
     return spec
+
+
+SPEC_SHAPE: dict[str, type] = {
+    "root": dict, "process": dict, "linux": dict, "hooks": dict, "annotations": dict,
+    "mounts": list, "linux.namespaces": list, "linux.devices": list, "linux.resources": dict,
+    "linux.cgroupsPath": str, "process.capabilities": dict}
+
+
+def check_shape(spec: OciSpec) -> None:
+    """RestoreError for a spec whose fields are not what the OCI runtime spec says they are."""
+    for path, kind in SPEC_SHAPE.items():
+        value: object = spec
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, kind):
+            what = "a list" if kind is list else "a string" if kind is str else "an object"
+            raise RestoreError(f"the checkpoint's spec is malformed: {path} is not {what}")
+    for where in ("mounts", "linux.namespaces", "linux.devices"):
+        head, _, tail = where.partition(".")
+        items = spec.get(head) if not tail else (spec.get(head) or {}).get(tail)
+        if any(not isinstance(item, dict) for item in items or []):
+            raise RestoreError(f"the checkpoint's spec is malformed: {where} holds a non-object")
 
 
 def default_runtime_binary() -> str:
