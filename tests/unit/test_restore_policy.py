@@ -148,3 +148,25 @@ def test_odd_specs_are_read_without_crashing() -> None:
                      {"hooks": {"prestart": [5]}, "mounts": [5, {"options": "bind"}],
                       "linux": {"devices": [{"major": "8"}], "namespaces": [3]}}):
         SpecRequests.of(document)
+
+
+def test_a_spec_this_node_sealed_needs_no_policy_and_a_changed_one_does(tmp_path: Path) -> None:
+    cfg = Config({"image": {"store": str(tmp_path / "store")}})
+    key = policy.node_key(cfg)
+    assert len(key) == 32 and policy.node_key(cfg) == key  # made once, then read
+    assert (tmp_path / "store" / policy.NODE_KEY).stat().st_mode & 0o777 == 0o600
+    spec = {"hooks": {"createRuntime": [{"path": "/usr/bin/nerdctl",
+                                         "args": ["nerdctl", "internal", "oci-hook"]}]},
+            "mounts": [{"destination": "/data", "source": "/srv/data", "type": "bind"}]}
+    requests = SpecRequests.of(spec)
+    sealed = policy.seal(key, requests)
+    assert policy.sealed_here(key, requests, sealed)
+    policy.check_in_runtime(requests, policy.RestorePolicy(), None, sealed_here=True)
+    with pytest.raises(RestoreError, match="createRuntime hook /usr/bin/nerdctl"):
+        policy.check_in_runtime(requests, policy.RestorePolicy(), None)
+    tampered = SpecRequests.of({**spec, "mounts": [
+        {"destination": "/data", "source": "/etc", "type": "bind"}]})
+    assert not policy.sealed_here(key, tampered, sealed)
+    other_node = Config({"image": {"store": str(tmp_path / "other")}})
+    assert not policy.sealed_here(policy.node_key(other_node), requests, sealed)
+    assert not policy.sealed_here(key, requests, "")

@@ -12,8 +12,14 @@ host_namespaces`; a network namespace given with `--netns`). A root path elsewhe
 path with `..` are refused outright.
 
 `torpor restore` checks before anything is created and leaves what it granted in a record for
-torpor-runc, which checks again (a `ctr` restore has no record: the policy alone decides). This
-lives in capture/ because torpor-runc, which imports only the ground floor and capture/, needs it.
+torpor-runc, which checks again. A restore no torpor command granted (ctr, nerdctl, kubelet's CRI)
+is checked by torpor-runc against the policy alone, unless this node sealed the very same
+requests at checkpoint time: torpor-runc checkpoint records an HMAC of the spec's requests under
+a key that never leaves the node (`<[image] store>/node.key`), so a container this node already
+ran with those requests (nerdctl restoring its own container, ctr restoring a checkpoint taken
+here) is not refused what it had, while a spec from elsewhere, or a tampered one, meets the
+policy. This lives in capture/ because torpor-runc, which imports only the ground floor and
+capture/, needs it.
 """
 
 from __future__ import annotations
@@ -199,8 +205,55 @@ def take_grant(record_dir: str) -> SpecRequests | None:
 
 
 def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
-                     granted: SpecRequests | None) -> None:
-    """torpor-runc's check: what torpor restore granted, exactly, or the node's policy alone."""
-    if granted is not None and granted == requests:
+                     granted: SpecRequests | None, sealed_here: bool = False) -> None:
+    """torpor-runc's check: what torpor restore granted, exactly; or requests this node sealed
+    at checkpoint time; or else the node's policy alone."""
+    if sealed_here or (granted is not None and granted == requests):
         return
     check(requests, policy)
+
+
+NODE_KEY = "node.key"
+SEAL_PREFIX = "hmac-sha256:"
+
+
+def node_key(cfg: Config) -> bytes:
+    """This node's sealing key, made (32 random bytes, 0600) the first time it is needed."""
+    import secrets
+
+    path = os.path.join(cfg.image_store, NODE_KEY)
+    try:
+        with open(path, "rb") as f:
+            key = f.read()
+        if len(key) == 32:
+            return key
+    except FileNotFoundError:
+        pass
+    os.makedirs(cfg.image_store, mode=0o700, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:  # made meanwhile by another checkpoint
+        with open(path, "rb") as f:
+            return f.read()
+    with os.fdopen(fd, "wb") as out:
+        key = secrets.token_bytes(32)
+        out.write(key)
+        out.flush()
+        os.fsync(out.fileno())
+    return key
+
+
+def seal(key: bytes, requests: SpecRequests) -> str:
+    """An HMAC of the requests (torpor's own hooks are not among them)."""
+    import hashlib
+    import hmac
+    import json
+
+    body = json.dumps(requests.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    return SEAL_PREFIX + hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def sealed_here(key: bytes, requests: SpecRequests, recorded: str) -> bool:
+    import hmac
+
+    return bool(recorded) and hmac.compare_digest(seal(key, requests), recorded)

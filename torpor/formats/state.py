@@ -55,6 +55,7 @@ class ContainerState:
     gpu: GpuState | None = None
     timings: dict[str, float] = field(default_factory=dict)
     frozen_by_torpor: bool = False
+    spec_seal: str = ""     # this node's HMAC of the spec's requests (capture.restore_policy)
 
     def to_json(self) -> dict[str, Any]:
         return {"format": names.CONTAINER_STATE_FORMAT, "torpor_version": self.torpor_version,
@@ -63,7 +64,7 @@ class ContainerState:
                 "network": self.network.to_json(), "files": self.files.to_json(),
                 "processes": [p.to_json() for p in self.processes],
                 "gpu": self.gpu.to_json() if self.gpu else None, "timings": self.timings,
-                "frozen_by_torpor": self.frozen_by_torpor}
+                "frozen_by_torpor": self.frozen_by_torpor, "spec_seal": self.spec_seal}
 
     @classmethod
     def from_json(cls, f: Fields) -> ContainerState:
@@ -77,7 +78,8 @@ class ContainerState:
                    files=SavedFiles.from_json(f.child("files")),
                    processes=tuple(ProcessInfo.from_json(p) for p in f.children("processes")),
                    gpu=GpuState.from_json(gpu) if gpu else None, timings=f.numbers("timings"),
-                   frozen_by_torpor=f.boolean("frozen_by_torpor", False))
+                   frozen_by_torpor=f.boolean("frozen_by_torpor", False),
+                   spec_seal=f.string("spec_seal", ""))
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()

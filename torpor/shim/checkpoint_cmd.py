@@ -32,6 +32,7 @@ from torpor.errors import CriuError
 from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.gpu import GpuState
+from torpor.formats.oci import OciSpec
 from torpor.shim import criu_log, interrupt, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
@@ -106,12 +107,21 @@ def run(ctx: Context) -> int:
             torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
             criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
             timings={**timings, "total_s": time.monotonic() - started},
-            frozen_by_torpor=we_froze))
+            frozen_by_torpor=we_froze, spec_seal=seal_of(ctx, config)))
         if not criu.leave_running:
             undo.pop_all()  # the container is gone: nothing to thaw or resume
             guardian.release()
         # 8. leaving the block restores and unlocks the GPUs (leave-running)
     return 0
+
+
+def seal_of(ctx: Context, config: OciSpec) -> str:
+    """This node's seal over the spec's requests, so that the node itself (nerdctl restoring its
+    own container, ctr restoring a checkpoint taken here) is not refused what it already ran."""
+    from torpor.capture import restore_policy
+    from torpor.formats.spec_requests import SpecRequests
+
+    return restore_policy.seal(restore_policy.node_key(ctx.cfg), SpecRequests.of(config))
 
 
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, bytes]:

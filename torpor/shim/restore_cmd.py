@@ -91,12 +91,15 @@ def run(ctx: Context) -> int:
 
     # 1. the policy, then hooks, 2. torpor's state
     config = spec.load(bundle)
+    state = read_state(image_path)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
-    restore_policy.check_in_runtime(SpecRequests.of(config), restore_policy.RestorePolicy.of(ctx.cfg),
-                                    restore_policy.take_grant(record))
+    requests = SpecRequests.of(config)
+    sealed = state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
+        restore_policy.node_key(ctx.cfg), requests, state.spec_seal)
+    restore_policy.check_in_runtime(requests, restore_policy.RestorePolicy.of(ctx.cfg),
+                                    restore_policy.take_grant(record), sealed_here=sealed)
     changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
                                                              ctx.cfg.runtime_state_dir))
-    state = read_state(image_path)
     if state is None:
         if changed:
             spec.flush(bundle, config)
