@@ -53,7 +53,7 @@ def test_torpor_runtime_on_containerd_2(node: Node, runc_version: str, tmp_path:
     wait_for(lambda: task_status(node, name) == "RUNNING", what="task running")
     # the task runs under torpor-runc: torpor can checkpoint it (and it keeps running)
     run_torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"), "--leave-running")
-    assert (tmp_path / "ck" / "criu" / "torpor" / "state.json").exists()
+    assert (tmp_path / "ck" / "criu" / "torpor-state.json").exists()
     assert task_status(node, name) == "RUNNING"
     shims = {os.path.realpath(f"/proc/{pid}/exe") for pid in pids_with_arg(node.address)}
     assert str(ecosystem.CONTAINERD2_BIN.resolve() / "containerd-shim-runc-v2") in shims

@@ -183,7 +183,7 @@ def test_gpu_checkpoint_comes_before_the_dump_and_resume_after(gpus: GpuNode,
     image_times = [p.stat().st_mtime for p in images.glob("*.img")]
     assert max(c.realtime for c in only(calls, "checkpoint")) < dump_start < min(image_times)
     assert min(c.realtime for c in only(calls, "restore")) > max(dump_end, *image_times)
-    gpu_state = json.loads((images / "torpor" / "state.json").read_text())["gpu"]
+    gpu_state = json.loads((images / "torpor-state.json").read_text())["gpu"]
     assert sorted(p["pid"] for p in gpu_state["processes"]) == sorted(by_token.values())
     assert [p["used_memory"] for p in gpu_state["inventory"]["processes"]] == [3 * GIB] * 3
     for t, pid in by_token.items():

@@ -47,8 +47,8 @@ STATE = ContainerState(
     torpor_version="0.1.0", container_id="web1", init_pid=42, criu=CRIU,
     policy=FilePolicy(volumes=("/data",), dev_shm=True, rootfs=True), network=NETWORK,
     files=SavedFiles(SavedRootfs("rootfs-diff.tar", 3, 10240),
-                     (SavedVolume(0, "/data", "/srv/data", "dir", False, "volumes/0.tar", 5),),
-                     SavedVolume(-1, "/dev/shm", "/run/shm", "dir", False, "devshm.tar", 0)),
+                     (SavedVolume(0, "/data", "/srv/data", "dir", False, "torpor-volume-0.tar", 5),),
+                     SavedVolume(-1, "/dev/shm", "/run/shm", "dir", False, "torpor-devshm.tar", 0)),
     processes=(ProcessInfo(42, 1, 0, "sh", ("sh", "-c", "loop"), 4096),),
     gpu=GPU, timings={"runc_checkpoint_s": 0.25}, frozen_by_torpor=True)
 METADATA = CheckpointMetadata(

@@ -31,9 +31,10 @@ def choose_policy(request: CheckpointRequest | None, spec: OciSpec,
     return FilePolicy(volumes=chosen, dev_shm=dev_shm, rootfs=keep_rootfs)
 
 
-def save(pid: int, spec: OciSpec, policy: FilePolicy, out_dir: str, log: Log) -> SavedFiles:
+def save(pid: int, spec: OciSpec, policy: FilePolicy, image_path: str, log: Log) -> SavedFiles:
     """The read-write layer (overlay upperdir, as an OCI layer), the volumes and a bind-mounted
-    /dev/shm, into `out_dir` (<image-path>/torpor/); call with the container frozen."""
+    /dev/shm, as flat files into `image_path` (names.STATE_PREFIX); call with the container
+    frozen."""
     saved_rootfs = None
     if policy.rootfs:
         overlay = rootfs.root_overlay(pid)
@@ -41,15 +42,15 @@ def save(pid: int, spec: OciSpec, policy: FilePolicy, out_dir: str, log: Log) ->
             log.info("the container's root is not an overlay mount: its read-write layer is "
                      "left to containerd's diff service")
         else:
-            path = os.path.join(out_dir, names.ROOTFS_DIFF)
+            path = os.path.join(image_path, names.IMAGE_DIR_ROOTFS_DIFF)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as out:
                 entries = rootfs.write_layer(overlay["upperdir"], out)
                 saved_rootfs = SavedRootfs(names.ROOTFS_DIFF, entries, out.tell())
     selected, shm = volumes.select(spec, policy.volumes, policy.dev_shm)
-    saved = tuple(volumes.save(volume, out_dir) for volume in selected)
+    saved = tuple(volumes.save(volume, image_path) for volume in selected)
     return SavedFiles(rootfs=saved_rootfs, volumes=saved,
-                      dev_shm=volumes.save(shm, out_dir) if shm is not None else None)
+                      dev_shm=volumes.save(shm, image_path) if shm is not None else None)
 
 
 def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
@@ -60,8 +61,7 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
     from torpor import archive
     from torpor.errors import RestoreError
 
-    state_dir = os.path.join(image_path, names.STATE_DIR)
-    diff = os.path.join(state_dir, names.ROOTFS_DIFF)
+    diff = os.path.join(image_path, names.IMAGE_DIR_ROOTFS_DIFF)
     if files.rootfs and os.path.exists(diff):
         root = (spec.get("root") or {}).get("path") or "rootfs"
         if root != "rootfs":
@@ -77,4 +77,4 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
         if not source:
             raise RestoreError(f"the checkpoint saved volume {volume.destination}, but the "
                                "restore-time spec has no bind mount there")
-        volumes.restore(volume, state_dir, source, limits, devices)
+        volumes.restore(volume, image_path, source, limits, devices)

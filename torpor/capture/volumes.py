@@ -59,7 +59,7 @@ def select(spec: OciSpec, policy: VolumePolicy,
         if wanted:
             index = len(volumes)
             volumes.append(SavedVolume(index, destination, source, kind, read_only,
-                                       f"{names.VOLUMES_DIR}/{index}.tar"))
+                                       names.volume_archive(index)))
     missing = named - {v.destination for v in volumes}
     if missing:
         raise CheckpointError(f"no bind-mounted volume at {', '.join(sorted(missing))}",
@@ -67,10 +67,9 @@ def select(spec: OciSpec, policy: VolumePolicy,
     return volumes, shm
 
 
-def save(volume: SavedVolume, state_dir: str) -> SavedVolume:
-    """Tar the volume's content into `state_dir`; the volume with its byte count."""
-    path = os.path.join(state_dir, volume.archive)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+def save(volume: SavedVolume, image_path: str) -> SavedVolume:
+    """Tar the volume's content into `image_path`; the volume with its byte count."""
+    path = os.path.join(image_path, volume.archive)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as out:
         try:
@@ -91,7 +90,7 @@ def save(volume: SavedVolume, state_dir: str) -> SavedVolume:
     return replace(volume, bytes=size)
 
 
-def restore(volume: SavedVolume, state_dir: str, source: str,
+def restore(volume: SavedVolume, image_path: str, source: str,
             limits: archive.ArchiveLimits | None = None, devices: bool = False) -> None:
     """Put a saved volume's content back at `source` (the restore-time bind source, which the
     restore policy allowed). Nothing is followed out of it; a file volume is staged in a private
@@ -100,10 +99,11 @@ def restore(volume: SavedVolume, state_dir: str, source: str,
     import tempfile
 
     name = archive.safe_name(volume.archive, f"volume {volume.destination}'s archive")
-    if not (name.startswith(f"{names.VOLUMES_DIR}/") or name == names.DEV_SHM_ARCHIVE):
+    if not ((name.startswith(names.VOLUME_ARCHIVE_PREFIX) and "/" not in name)
+            or name == names.DEV_SHM_ARCHIVE):
         raise RestoreError(f"the checkpoint names {volume.archive!r} as the archive of volume "
                            f"{volume.destination}: not one torpor writes")
-    path = os.path.join(state_dir, name)
+    path = os.path.join(image_path, name)
     if not os.path.isfile(path) or os.path.islink(path):
         raise RestoreError(f"the checkpoint lacks {volume.archive} for volume {volume.destination}")
     if volume.kind == "dir":

@@ -48,14 +48,14 @@ class FilePolicy:
 
 @dataclass(frozen=True)
 class SavedVolume:
-    """A bind-mounted volume (or /dev/shm) saved as a tar inside the image dir's torpor/."""
+    """A bind-mounted volume (or /dev/shm) saved as a flat tar file in the image directory."""
 
     index: int               # -1 for /dev/shm
     destination: str
     source: str
     kind: str                # "dir" or "file"
     read_only: bool
-    archive: str             # relative to <image-path>/torpor/
+    archive: str             # a file name in <image-path> (names.volume_archive)
     bytes: int = 0
 
 

@@ -10,12 +10,20 @@ CRIU_DIR = "criu"                                # CRIU's images, as runc left t
 ROOTFS_DIFF = "rootfs-diff.tar"                  # the read-write layer (OCI layer, whiteouts)
 CRIU_DUMP_LOG = "criu-dump.log"
 
-# What torpor-runc keeps in a checkpoint's image directory, beside CRIU's own files
-STATE_DIR = "torpor"                             # <image-path>/torpor/
+# What torpor-runc keeps in a checkpoint's image directory, beside CRIU's own files: flat files
+# named torpor-*, never a folder. containerd's CRI (kubelet's checkpoints) copies that directory
+# into the archive's checkpoint/ entry by entry, flat: a subdirectory breaks the checkpoint and a
+# symlink arrives as an empty file.
+STATE_PREFIX = "torpor-"                         # every name below starts with it
 CONTAINER_STATE_FORMAT = "torpor.container-state.v1"
-CONTAINER_STATE = "state.json"                   # written last: its presence means complete
-VOLUMES_DIR = "volumes"                          # <image-path>/torpor/volumes/<n>.tar
-DEV_SHM_ARCHIVE = "devshm.tar"
+CONTAINER_STATE = "torpor-state.json"            # written last: its presence means complete
+IMAGE_DIR_ROOTFS_DIFF = "torpor-rootfs-diff.tar" # the read-write layer, until laid out
+VOLUME_ARCHIVE_PREFIX = "torpor-volume-"         # <image-path>/torpor-volume-<n>.tar
+DEV_SHM_ARCHIVE = "torpor-devshm.tar"
+
+
+def volume_archive(index: int) -> str:
+    return f"{VOLUME_ARCHIVE_PREFIX}{index}.tar"
 
 # Per-container records under [runtime] state_dir (default /run/torpor)
 RECORDS_DIR = "containers"                       # <state_dir>/containers/<namespace>/<id>/

@@ -1,4 +1,4 @@
-"""torpor-runc's record of one checkpoint, `<image-path>/torpor/state.json`: what CRIU does not
+"""torpor-runc's record of one checkpoint, `<image-path>/torpor-state.json`: what CRIU does not
 save (network, files, GPU state) and the CRIU options a restore must repeat. Written last, so
 its presence means torpor-runc finished; containerd tars the image directory, so this travels
 inside ctr's and nerdctl's checkpoints too."""
@@ -94,12 +94,11 @@ class ContainerState:
 
 
 def state_path(image_path: str) -> str:
-    return os.path.join(image_path, names.STATE_DIR, names.CONTAINER_STATE)
+    return os.path.join(image_path, names.CONTAINER_STATE)
 
 
 def write(image_path: str, state: ContainerState) -> None:
-    """<image-path>/torpor/state.json, atomically and private (0600)."""
-    os.makedirs(os.path.join(image_path, names.STATE_DIR), mode=0o700, exist_ok=True)
+    """<image-path>/torpor-state.json, atomically and private (0600)."""
     write_atomic(state_path(image_path), state.dumps(), mode=0o600)
 
 

@@ -134,10 +134,10 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
     try:
         files = [f.path for f in metadata.files]
         raw_bytes = sum(f.size for f in metadata.files)
-        criu_dir, ours = f"{names.CRIU_DIR}/", f"{names.CRIU_DIR}/{names.STATE_DIR}/"
+        criu_dir, ours = f"{names.CRIU_DIR}/", f"{names.CRIU_DIR}/{names.STATE_PREFIX}"
         criu = [p for p in files if p.startswith(criu_dir) and not p.startswith(ours)]
-        volumes = [p for p in files if p.startswith((f"{ours}{names.VOLUMES_DIR}/",
-                                                     f"{ours}{names.DEV_SHM_ARCHIVE}"))]
+        volumes = [p for p in files if p.startswith((f"{criu_dir}{names.VOLUME_ARCHIVE_PREFIX}",
+                                                     f"{criu_dir}{names.DEV_SHM_ARCHIVE}"))]
         state = [p for p in files if p.startswith(ours) and p not in volumes]
         state += [p for p in files if p == names.CRIU_DUMP_LOG]
         criu_pieces = layer_io.pieces_of(directory, criu, PIECE)

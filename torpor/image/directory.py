@@ -3,8 +3,8 @@ reads (docs/checkpoint.md describes it for users):
 
     DIR/                      0700
       checkpoint.json         metadata (torpor.formats.metadata.CheckpointMetadata)
-      criu/                   CRIU's images, as runc left them, plus criu/torpor/ from torpor-runc
-                              (state.json, volumes/, devshm.tar)
+      criu/                   CRIU's images, as runc left them, plus torpor-runc's flat files
+                              (torpor-state.json, torpor-volume-N.tar, torpor-devshm.tar)
       rootfs-diff.tar         the read-write layer: an OCI layer (uncompressed tar, whiteouts)
       criu-dump.log           CRIU's log of the dump
 

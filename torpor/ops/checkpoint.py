@@ -248,7 +248,7 @@ def _checkpoint_into(client: Client, container: containers_pb2.Container, runtim
 
 
 def _lay_out(directory: str, criu_dir: str, work_dir: str) -> None:
-    diff = os.path.join(criu_dir, names.STATE_DIR, names.ROOTFS_DIFF)
+    diff = os.path.join(criu_dir, names.IMAGE_DIR_ROOTFS_DIFF)
     if os.path.exists(diff):
         os.replace(diff, os.path.join(directory, names.ROOTFS_DIFF))
     if os.path.isdir(work_dir):

@@ -13,7 +13,7 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
     match the memory CRIU dumps; undo: thaw;
  5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
  6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container;
- 7. write torpor/state.json, the CRIU options in force included, so restore can put them back;
+ 7. write torpor-state.json, the CRIU options in force included, so restore can put them back;
  8. with --leave-running: thaw (if we froze), then GPU restore and unlock.
 """
 
@@ -29,7 +29,6 @@ import torpor
 from torpor.capture import files, netns, processes, records
 from torpor.capture.freezer import Cgroup, frozen
 from torpor.errors import CriuError
-from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.gpu import GpuState
 from torpor.formats.oci import OciSpec
@@ -62,8 +61,7 @@ def run(ctx: Context) -> int:
         else inv.argv
     argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config))
     criu = criu_options(Invocation(argv))
-    os.makedirs(os.path.join(image_path, names.STATE_DIR), mode=0o700, exist_ok=True)
-    out_dir = os.path.join(image_path, names.STATE_DIR)
+    os.makedirs(image_path, mode=0o700, exist_ok=True)
     policy = files.choose_policy(request, config, ctx.cfg)
     cgroup = Cgroup.of_pid(pid)
 
@@ -87,7 +85,7 @@ def run(ctx: Context) -> int:
         with frozen(cgroup, ctx.log) as we_froze:
             interrupt.hold(ctx, "frozen")
             t = time.monotonic()
-            saved = files.save(pid, config, policy, out_dir, ctx.log)
+            saved = files.save(pid, config, policy, image_path, ctx.log)
             timings["files_s"] = time.monotonic() - t
             t = time.monotonic()
             code, output = run_runc(ctx, argv, guardian)
@@ -102,7 +100,7 @@ def run(ctx: Context) -> int:
             raise error
         os.write(1, output)
 
-        # 7. state.json, last: its presence means torpor-runc finished
+        # 7. torpor-state.json, last: its presence means torpor-runc finished
         container_state.write(image_path, container_state.ContainerState(
             torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
             criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,

@@ -5,7 +5,7 @@ The steps, in order:
  1. check the restore-time spec against this node's restore policy (capture.restore_policy):
     exactly what `torpor restore` granted (its record), or else what the policy allows alone;
     then write torpor's hooks into it, this node's own (createRuntime and poststop);
- 2. read torpor/state.json from the image directory (none: a plain runc checkpoint, handed over);
+ 2. read torpor-state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
     file-locks, ext-unix-sk, shell-job), as they were at checkpoint time;
  4. GPU: refuse early when this node cannot take the GPU state (free memory, model, driver);
