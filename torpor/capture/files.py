@@ -2,7 +2,8 @@
 container is frozen, so that they match the memory CRIU dumps.
 
 The policy, most specific first: the checkpoint request (`torpor checkpoint --volumes`), the
-container's annotation io.torpor.checkpoint.volumes, then the config (`[checkpoint]`).
+container's annotation io.torpor.checkpoint.volumes, then the config (`[checkpoint]`). kubelet's
+checkpoints leave the read-write layer to containerd, which archives it itself.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from torpor.formats.request import CheckpointRequest
 from torpor.reporting import Log
 
 
-def choose_policy(request: CheckpointRequest | None, spec: OciSpec,
-                  cfg: Config) -> FilePolicy:
+def choose_policy(request: CheckpointRequest | None, spec: OciSpec, cfg: Config,
+                  in_pod: bool = False) -> FilePolicy:
     spec_annotations = spec.get("annotations") or {}
     chosen = ((request.volumes if request else None)
               or parse_volume_policy(spec_annotations.get(ann.CHECKPOINT_VOLUMES))
               or parse_volume_policy(cfg.checkpoint_volumes) or "all")
     dev_shm = request.dev_shm if request and request.dev_shm is not None else cfg.checkpoint_dev_shm
-    keep_rootfs = request.rootfs if request and request.rootfs is not None else cfg.checkpoint_rootfs
+    keep_rootfs = request.rootfs if request and request.rootfs is not None else (
+        cfg.checkpoint_rootfs and not in_pod)
     return FilePolicy(volumes=chosen, dev_shm=dev_shm, rootfs=keep_rootfs)
 
 

@@ -29,6 +29,23 @@ CHECKPOINT_TCP_ESTABLISHED = "io.torpor.checkpoint.tcp-established"  # "true"
 CHECKPOINT_FILE_LOCKS = "io.torpor.checkpoint.file-locks"            # "true"
 RESTORE_ADD_ADDRESSES = "io.torpor.restore.add-addresses"            # "true"
 
+# Kubernetes: what containerd's CRI plugin writes into a pod container's spec, and the
+# annotation that makes an OCI image a checkpoint to restore (checkpointctl's lib/annotations.go)
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"       # "container" or "sandbox"
+CRI_CONTAINER_NAME = "io.kubernetes.cri.container-name"
+CRI_SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+CRI_SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+CRI_SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+CRI_IMAGE_NAME = "io.kubernetes.cri.image-name"
+CHECKPOINT_IMAGE_CONTAINER = "org.criu.checkpoint.container.name"
+CHECKPOINT_IMAGE_ENGINE = "org.criu.checkpoint.engine.name"
+CHECKPOINT_IMAGE_ROOTFS = "org.criu.checkpoint.rootfsImageName"
+CHECKPOINT_IMAGE_POD = "org.criu.checkpoint.pod.name"
+CHECKPOINT_IMAGE_NAMESPACE = "org.criu.checkpoint.pod.namespace"
+CHECKPOINT_IMAGE_RUNTIME = "org.criu.checkpoint.runtime.name"
+# runc passes this file to CRIU as its configuration (instead of /etc/criu/runc.conf)
+CRIU_CONFIG = "org.criu.config"
+
 # Labels torpor puts on containerd objects
 RESTORED_FROM = "io.torpor.restored-from"     # container: the checkpoint it came from
 IMAGE_CHECKPOINT = "io.torpor.checkpoint"     # image: the checkpoint index digest it came from

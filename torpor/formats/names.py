@@ -25,13 +25,31 @@ DEV_SHM_ARCHIVE = "torpor-devshm.tar"
 def volume_archive(index: int) -> str:
     return f"{VOLUME_ARCHIVE_PREFIX}{index}.tar"
 
+
+# runc's list of the init's stdio, which `runc restore` reads before it starts CRIU. In a
+# checkpoint taken in a Kubernetes pod torpor-runc keeps it under its own name, so that a pod of
+# another runtime class fails to restore it before anything runs, instead of restoring the
+# memory without torpor's state (capture/pod.py).
+RUNC_DESCRIPTORS = "descriptors.json"
+HIDDEN_DESCRIPTORS = "torpor-descriptors.json"
+
 # Per-container records under [runtime] state_dir (default /run/torpor)
 RECORDS_DIR = "containers"                       # <state_dir>/containers/<namespace>/<id>/
 CHECKPOINT_REQUEST_FORMAT = "torpor.checkpoint-request.v1"
 CHECKPOINT_REQUEST = "checkpoint-request.json"   # `torpor checkpoint`'s options for torpor-runc
 RESTORE_PLAN = "restore-net.json"                # torpor-runc restore's network plan for the hook
+CRIU_RESTORE_CONFIG = "criu-restore.conf"        # CRIU options runc has no flag for (tcp-close)
 
 # OCI image layouts
 OCI_LAYOUT_FILE = "oci-layout"
 OCI_INDEX_FILE = "index.json"
 OCI_BLOBS_DIR = "blobs"
+
+# kubelet's checkpoint archive (containerd's and CRI-O's CRI `CheckpointContainer`), and the
+# rootfs of a checkpoint OCI image, which holds the same files
+KUBE_CHECKPOINT_DIR = "checkpoint"               # CRIU's images, flat
+KUBE_CONFIG_DUMP = "config.dump"                 # the engine's record: id, name, base image
+KUBE_SPEC_DUMP = "spec.dump"                     # the OCI runtime spec
+KUBE_STATUS_DUMP = "status.dump"                 # CRI ContainerStatus (containerd 2.1+ needs it)
+KUBE_ROOTFS_DIFF = "rootfs-diff.tar"             # the read-write layer (gzip, whatever the name)
+KUBE_DUMP_LOG = "dump.log"                       # CRIU's log of the dump

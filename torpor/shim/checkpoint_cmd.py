@@ -5,7 +5,8 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
 
  1. read the container (runc state, its spec, its cgroup) and the request `torpor checkpoint`
     left in the state dir (else the annotations, else the config); a request may send CRIU's
-    images to its own directory instead of the one containerd made;
+    images to its own directory instead of the one containerd made; kubelet's checkpoint of a
+    pod's container (no request) gets Kubernetes' defaults (capture/pod.py);
  2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
     undo: restore and unlock. The container must not be frozen while this runs;
  3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
@@ -14,6 +15,7 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
  5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
  6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container;
  7. write torpor-state.json, the CRIU options in force included, so restore can put them back;
+    in a pod, runc's descriptors.json becomes torpor's, so only torpor-runc restores it;
  8. with --leave-running: thaw (if we froze), then GPU restore and unlock.
 """
 
@@ -26,7 +28,7 @@ import time
 from typing import TYPE_CHECKING
 
 import torpor
-from torpor.capture import files, netns, processes, records
+from torpor.capture import files, netns, pod, processes, records
 from torpor.capture.freezer import Cgroup, frozen
 from torpor.errors import CriuError
 from torpor.formats import state as container_state
@@ -59,10 +61,11 @@ def run(ctx: Context) -> int:
                   or os.path.join(os.getcwd(), "checkpoint"))
     argv = inv.with_flag_value("image-path", image_path) if request and request.image_path \
         else inv.argv
-    argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config))
+    kubelet = request is None and pod.in_pod(config)
+    argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet))
     criu = criu_options(Invocation(argv))
     os.makedirs(image_path, mode=0o700, exist_ok=True)
-    policy = files.choose_policy(request, config, ctx.cfg)
+    policy = files.choose_policy(request, config, ctx.cfg, in_pod=kubelet)
     cgroup = Cgroup.of_pid(pid)
 
     guardian = Guardian().start(lambda s: rollback(ctx, s))
@@ -101,6 +104,8 @@ def run(ctx: Context) -> int:
         os.write(1, output)
 
         # 7. torpor-state.json, last: its presence means torpor-runc finished
+        if kubelet:
+            pod.hide_descriptors(image_path)
         container_state.write(image_path, container_state.ContainerState(
             torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
             criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,

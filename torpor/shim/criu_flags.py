@@ -2,6 +2,9 @@
 
 ctr and nerdctl cannot ask for --tcp-established or --file-locks; a container's annotations
 (io.torpor.checkpoint.tcp-established / file-locks = "true"), else the config, add them.
+kubelet cannot either: in a pod, --tcp-established is on unless an annotation says "false", so
+that a checkpoint of a server with clients connected succeeds (restore closes what the pod's new
+address cannot carry, capture/pod.py).
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ def criu_options(inv: Invocation) -> CriuOptions:
     return CriuOptions.from_flags(present, inv.values("empty-ns"), inv.flag("manage-cgroups-mode"))
 
 
-def default_flags(cfg: Config, inv: Invocation, spec: OciSpec) -> list[str]:
+def default_flags(cfg: Config, inv: Invocation, spec: OciSpec, in_pod: bool = False) -> list[str]:
     """Flags to add because the container's annotations or the config ask for them."""
     annotations = spec.get("annotations") or {}
-    wanted = {"tcp-established": (ann.CHECKPOINT_TCP_ESTABLISHED, cfg.checkpoint_tcp_established),
+    wanted = {"tcp-established": (ann.CHECKPOINT_TCP_ESTABLISHED,
+                                  in_pod or cfg.checkpoint_tcp_established),
               "file-locks": (ann.CHECKPOINT_FILE_LOCKS, cfg.checkpoint_file_locks)}
     extra = []
     for flag, (key, default) in wanted.items():

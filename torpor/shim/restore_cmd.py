@@ -13,6 +13,8 @@ The steps, in order:
     CRIU's setup-namespaces step (lo up, recorded addresses and routes, before sockets are
     bound again); into an existing namespace (a path), check that the addresses the sockets
     need are there, or add them when the annotation io.torpor.restore.add-addresses is "true";
+    in a Kubernetes pod, connections the pod's new address cannot carry are restored closed,
+    and a checkpoint kubelet took gets runc's descriptors.json back (capture/pod.py);
  6. files: the read-write layer (when it travelled in the image directory, as with ctr),
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
     symlink out of them and within the limits of `[restore]`;
@@ -29,7 +31,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from torpor.capture import files, netns, records, restore_policy
+from torpor.capture import files, netns, pod, records, restore_policy
 from torpor.capture.freezer import Cgroup
 from torpor.errors import FormatError, RestoreError
 from torpor.formats import annotations as ann
@@ -51,11 +53,23 @@ def read_state(image_path: str) -> ContainerState | None:
         raise RestoreError(str(e)) from None
 
 
-def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str) -> None:
+def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str,
+                    criu_config: str) -> bool:
+    """Check or plan the addresses the sockets need; True when connections are to be closed
+    (a CRIU config with tcp-close is then at `criu_config`)."""
     network = state.network
-    needed = netns.needed_addresses(network.sockets)
+    sockets = network.sockets
     add = (spec_doc.get("annotations") or {}).get(ann.RESTORE_ADD_ADDRESSES, "").lower() == "true"
     path = netns.spec_netns_path(spec_doc)
+    close = False
+    if pod.in_pod(spec_doc) and not add:
+        present = netns.present_addresses(path) if path else set()
+        close = bool(pod.lost_connections(sockets, present))
+        if close:
+            pod.write_tcp_close_config(criu_config)
+            closed = set(pod.connections(sockets))
+            sockets = tuple(s for s in sockets if s not in closed)
+    needed = netns.needed_addresses(sockets)
     if path:
         if not os.path.exists(path):
             raise RestoreError(f"the network namespace {path} in the spec does not exist")
@@ -68,7 +82,7 @@ def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str) ->
                 f"{ann.RESTORE_ADD_ADDRESSES}=true (torpor restore --add-addresses) to add them")
         if missing:
             netns.add_addresses(path, missing, network.config)
-        return
+        return close
     plan = netns.restore_plan(network.config)
     on_lo = {a.address for a in plan.addresses}
     foreign = [a for a in needed if a not in on_lo]
@@ -79,6 +93,7 @@ def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str) ->
             hint="restore into a namespace that has them (a netns path in the spec), or set "
             f"{ann.RESTORE_ADD_ADDRESSES}=true to add them on lo")
     netns.write_restore_plan(plan_path, netns.restore_plan(network.config, extra=foreign))
+    return close
 
 
 def run(ctx: Context) -> int:
@@ -110,10 +125,14 @@ def run(ctx: Context) -> int:
     # 4. GPU: refuse early
     session.check_before_restore(ctx.cfg, state.gpu)
     plan_path = os.path.join(record, names.RESTORE_PLAN)
+    criu_config = os.path.join(record, names.CRIU_RESTORE_CONFIG)
     with contextlib.ExitStack() as undo:
         undo.callback(_unlink, plan_path)
+        undo.callback(_unlink, criu_config)
         # 5. network, 6. files
-        prepare_network(config, state, plan_path)
+        if prepare_network(config, state, plan_path, criu_config):
+            changed = _use_criu_config(ctx, config, criu_config) or changed
+        pod.reveal_descriptors(image_path)
         files.restore(config, bundle, image_path, state.files,
                       restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files)
         if changed:
@@ -133,6 +152,7 @@ def run(ctx: Context) -> int:
             session.resume_after_restore(ctx.cfg, state.gpu, Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
     _unlink(plan_path)
+    _unlink(criu_config)
     drop_containerd_copy(image_path)
     return 0
 
@@ -152,6 +172,19 @@ def drop_containerd_copy(image_path: str) -> None:
         os.path.abspath(tempfile.gettempdir())}
     if made_by_containerd:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _use_criu_config(ctx: Context, config: OciSpec, path: str) -> bool:
+    """Point runc's annotation org.criu.config at `path` (tcp-close), unless the container
+    names its own CRIU config, which then decides."""
+    annotations = config.setdefault("annotations", {})
+    if annotations.get(ann.CRIU_CONFIG):
+        ctx.log.warning(f"the container sets {ann.CRIU_CONFIG}: its connections are restored as "
+                     "that file says, not closed")
+        return False
+    ctx.log.info("restoring established TCP connections closed: the pod's address changed")
+    annotations[ann.CRIU_CONFIG] = path
+    return True
 
 
 def _read_pid(pid_file: str | None) -> int:

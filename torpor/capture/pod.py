@@ -1,0 +1,87 @@
+"""Containers in Kubernetes pods, as containerd's CRI plugin runs them (kubelet's checkpoints).
+
+containerd's `CheckpointContainer` runs `torpor-runc checkpoint` with no torpor request and
+copies the image directory into kubelet's archive; the pod that restores the archive runs
+`torpor-runc restore` only when its runtime class is `torpor`: the archive does not say which
+runtime made it. So, in a pod:
+
+- runc's `descriptors.json` is kept as `torpor-descriptors.json` (`hide_descriptors`): `runc
+  restore` reads that file before it starts CRIU, so a pod of another runtime class fails at
+  once ("open .../descriptors.json: no such file or directory") instead of restoring the memory
+  without the volumes, /dev/shm and CRIU flags torpor saved; torpor-runc puts it back
+  (`reveal_descriptors`) in the copy containerd unpacked;
+- the read-write layer is left to containerd, which saves it as the archive's rootfs-diff.tar
+  and applies it before `runc restore`;
+- connections: a restored pod has a new IP, so established TCP connections whose local address
+  the pod's namespace lacks are restored closed (CRIU's tcp-close, through a CRIU config file):
+  the workload sees them end, as after any network failure, and keeps its listening sockets.
+
+Stdlib only: torpor-runc imports it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+
+from torpor.atomicfile import write_atomic
+from torpor.formats import annotations as ann
+from torpor.formats import names
+from torpor.formats.network import SocketAddress
+from torpor.formats.oci import OciSpec
+
+RUNC_CRIU_CONFIG = "/etc/criu/runc.conf"   # what runc gives CRIU when no annotation names one
+TCP_UNCONNECTED = ("listen", "close")
+
+
+def in_pod(spec: OciSpec) -> bool:
+    """A container (not a sandbox) that containerd's CRI plugin created."""
+    return (spec.get("annotations") or {}).get(ann.CRI_CONTAINER_TYPE) == "container"
+
+
+def hide_descriptors(image_path: str) -> None:
+    """After `runc checkpoint`: keep runc's descriptors.json under torpor's name."""
+    source = os.path.join(image_path, names.RUNC_DESCRIPTORS)
+    if os.path.exists(source):
+        os.replace(source, os.path.join(image_path, names.HIDDEN_DESCRIPTORS))
+
+
+def reveal_descriptors(image_path: str) -> bool:
+    """Before `runc restore`: descriptors.json back from torpor's copy; True if it was hidden."""
+    target = os.path.join(image_path, names.RUNC_DESCRIPTORS)
+    hidden = os.path.join(image_path, names.HIDDEN_DESCRIPTORS)
+    if os.path.exists(target) or not os.path.exists(hidden):
+        return False
+    shutil.copyfile(hidden, target)
+    return True
+
+
+def connections(sockets: Iterable[SocketAddress]) -> list[SocketAddress]:
+    """The connected TCP sockets (what CRIU dumps with tcp-established)."""
+    return [s for s in sockets if s.proto == "tcp" and s.state not in TCP_UNCONNECTED]
+
+
+def lost_connections(sockets: Sequence[SocketAddress], present: set[str]) -> list[SocketAddress]:
+    """Connected TCP sockets whose specific local address is not among `present`."""
+    lost = []
+    for s in connections(sockets):
+        address = ipaddress.ip_address(s.address)
+        if not (address.is_loopback or address.is_unspecified) and s.address not in present:
+            lost.append(s)
+    return lost
+
+
+def write_tcp_close_config(path: str) -> None:
+    """A CRIU config file: runc's usual one (when the node has it), plus tcp-close."""
+    base = ""
+    try:
+        with open(RUNC_CRIU_CONFIG, encoding="utf-8") as f:
+            base = f.read()
+    except OSError:
+        pass
+    if base and not base.endswith("\n"):
+        base += "\n"
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, (base + "tcp-close\n").encode(), mode=0o600)
