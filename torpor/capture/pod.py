@@ -85,3 +85,67 @@ def write_tcp_close_config(path: str) -> None:
         base += "\n"
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     write_atomic(path, (base + "tcp-close\n").encode(), mode=0o600)
+
+
+# A pod's container restored outside any pod (`torpor restore` of a kubelet checkpoint) -------
+
+# What the CRI plugin bind-mounts from the pod's sandbox: the restored container gets its own.
+POD_FILES = {"/etc/hosts": "hosts", "/etc/hostname": "hostname",
+             "/etc/resolv.conf": "resolv.conf", "/dev/termination-log": "termination-log"}
+POD_SHM = "/dev/shm"
+
+
+def standalone(spec: OciSpec, files_dir: str, network_given: bool) -> OciSpec:
+    """A copy of a pod container's spec that runs on its own: namespaces of its own instead of
+    the pod's, but the network namespace the caller gave (`network_given`: CRIU restores a
+    container that joined its pod's namespace only into an existing one); for the sandbox's
+    files and /dev/shm, and any volume whose source this node lacks, new ones under `files_dir`
+    (the checkpoint's saved volumes fill them): CRIU needs every bind mount it dumped."""
+    import copy
+
+    from torpor.errors import RestoreError
+
+    spec = copy.deepcopy(spec)
+    for ns in (spec.get("linux") or {}).get("namespaces") or []:
+        if ns.get("type") == "network" and ns.get("path") and not network_given:
+            raise RestoreError(
+                "this checkpoint comes from a Kubernetes pod, whose network namespace its "
+                "container joined: CRIU restores it only into an existing one",
+                hint="give it one: ip netns add NAME, then --netns /var/run/netns/NAME")
+        if ns.get("path") and ns.get("type") != "network":
+            del ns["path"]
+    os.makedirs(files_dir, mode=0o700, exist_ok=True)
+    for index, mount in enumerate(spec.get("mounts") or []):
+        if mount.get("type") != "bind" and "bind" not in (mount.get("options") or []) \
+                and "rbind" not in (mount.get("options") or []):
+            continue
+        destination = str(mount.get("destination", "")).rstrip("/")
+        if destination in POD_FILES:
+            mount["source"] = _pod_file(files_dir, POD_FILES[destination], spec)
+        elif destination == POD_SHM:
+            mount["source"] = _fresh_dir(os.path.join(files_dir, "shm"), 0o1777)
+        elif not os.path.exists(str(mount.get("source", ""))):
+            mount["source"] = _fresh_dir(os.path.join(files_dir, f"volume-{index}"), 0o755)
+    return spec
+
+
+def _pod_file(files_dir: str, name: str, spec: OciSpec) -> str:
+    hostname = str(spec.get("hostname") or "localhost")
+    content = {"hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                        f"127.0.1.1\t{hostname}\n",
+               "hostname": f"{hostname}\n"}.get(name)
+    path = os.path.join(files_dir, name)
+    if content is None and name == "resolv.conf":
+        try:
+            with open("/etc/resolv.conf", encoding="utf-8") as f:
+                content = f.read()
+        except OSError:
+            content = ""
+    write_atomic(path, (content or "").encode(), mode=0o644)
+    return path
+
+
+def _fresh_dir(path: str, mode: int) -> str:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, mode)
+    return path

@@ -69,6 +69,7 @@ class UserGrants:
     spec_hooks: bool = False                          # --allow-spec-hooks
     mounts: frozenset[str] = field(default_factory=frozenset)  # destinations given by --volume
     netns: str | None = None                          # --netns PATH
+    own_sources: tuple[str, ...] = ()                 # files torpor made for this restore
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def verdicts(requests: SpecRequests, policy: RestorePolicy,
     for mount in requests.host_mounts:
         destination = mount.destination.rstrip("/") or "/"
         by = ("--volume" if destination in grants.mounts else
+              "torpor's own files" if _under(mount.source, grants.own_sources) else
               "[restore] mount_sources" if _under(mount.source, policy.mount_sources) else "")
         kind = "bind mount" if mount.type == "bind" else f"{mount.type or 'untyped'} mount"
         out.append(Verdict(f"{kind} of host path {mount.source!r} at {mount.destination}"

@@ -1,4 +1,4 @@
-"""torpor inspect DIR|REF: what a checkpoint holds."""
+"""torpor inspect DIR|ARCHIVE|REF: what a checkpoint holds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torpor.ops.inspect import InspectReport, inspect
 
 
 @click.command("inspect")
-@click.argument("source", metavar="DIR|REF")
+@click.argument("source", metavar="DIR|ARCHIVE|REF")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 @decryption_key_option
 @registry_options
@@ -22,7 +22,7 @@ def inspect_command(source: str, as_json: bool, decryption_keys: tuple[str, ...]
     """What a checkpoint holds: processes, memory, layers, timings, node, network, mounts, GPUs,
     and what a restore on this node would grant its spec. A registry image is inspected from
     its metadata alone; no layer is downloaded (an encrypted one's metadata layer with
-    --decryption-key)."""
+    --decryption-key). A kubelet checkpoint archive (ARCHIVE) is read without extracting it."""
     report = inspect(source, config.load(), access_from(username, password_stdin, ca_file,
                                                         insecure), keys_from(decryption_keys))
     if as_json:
@@ -37,15 +37,26 @@ def render(report: InspectReport) -> str:
     lines = [
         f"checkpoint   {report.source} ({report.kind.value})"
         + (f"  {report.digest}" if report.digest else ""),
-        f"container    {m.container.id}  from image {m.image.name if m.image else '-'}",
+        f"container    {m.container.id}  from image "
+        f"{m.image.name if m.image else (m.container.image or '-')}",
         f"created      {m.created}  by torpor {m.torpor_version}",
         f"memory       {human_size(sizes.memory_pages)} of pages; rootfs changes "
         f"{human_size(sizes.rootfs_diff)}; total {human_size(sizes.total)}",
         "timings      " + ", ".join(f"{k} {v:.2f}s" for k, v in m.timings.items()),
-        f"node         {node.architecture} kernel {node.kernel}, CRIU {node.criu_version}, runc "
-        f"{node.runc_version}, cgroup v{node.cgroup_version}, {len(node.cpu_flags)} CPU features",
+        (f"node         {node.architecture} kernel {node.kernel}, CRIU {node.criu_version}, runc "
+         f"{node.runc_version}, cgroup v{node.cgroup_version}, {len(node.cpu_flags)} CPU features"
+         if node.architecture else "node         not recorded (CRIU checks it on restore)"),
         "criu flags   " + (", ".join(state.criu.enabled()) or "-"),
     ]
+    if report.kube is not None:
+        k = report.kube
+        lines[1:1] = [
+            f"kubernetes   container {k.container} of pod {k.namespace or '-'}/{k.pod or '-'}, "
+            f"runtime {k.runtime}; base image {k.base_image_ref}",
+            "restore      " + ("in a pod of runtime class torpor, or with torpor restore"
+                               if k.torpor_state else "by any pod (plain runc, no torpor state)"),
+            f"archive      checkpoint {human_size(k.checkpoint_bytes)}, rootfs-diff.tar "
+            f"{human_size(k.rootfs_diff_bytes)}"]
     if state.processes:
         lines.append("processes")
         ns_of = {p.pid: p.ns_pid for p in state.processes}  # host pid -> the container's pid

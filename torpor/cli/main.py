@@ -1,4 +1,5 @@
-"""The `torpor` command line: checkpoint, restore, push, pull, inspect, ls, rm, check, runtime-config.
+"""The `torpor` command line: checkpoint, restore, push, pull, inspect, ls, rm, check, runtime-config,
+kube.
 
 Commands parse options, call one library function and render its result; the library never
 imports this package. containerd is found the way ctr finds it: `--address`/`CONTAINERD_ADDRESS`
@@ -27,6 +28,7 @@ LAZY_COMMANDS = {
     "rm": "torpor.cli.rm_cmd",
     "check": "torpor.cli.check_cmd",
     "runtime-config": "torpor.cli.runtime_config_cmd",
+    "kube": "torpor.cli.kube_cmd",
 }
 
 

@@ -1,4 +1,4 @@
-"""torpor restore DIR|REF [--name NAME]: the container back, with its state."""
+"""torpor restore DIR|ARCHIVE|REF [--name NAME]: the container back, with its state."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def parse_volume_map(values: tuple[str, ...]) -> tuple[dict[str, str], frozenset
 
 
 @click.command("restore")
-@click.argument("source", metavar="DIR|REF")
+@click.argument("source", metavar="DIR|ARCHIVE|REF")
 @click.option("--name", help="Restore under this container name (default: the original).")
 @click.option("--netns", metavar="PATH",
               help="Restore into this network namespace (e.g. a pod's) instead of a new one.")
@@ -53,8 +53,9 @@ def restore_command(g: Globals, source: str, name: str | None, netns: str | None
                     decryption_keys: tuple[str, ...], log_uri: str | None,
                     runtime_binary: str | None, as_json: bool, username: str | None,
                     password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
-    """Restore a container from a checkpoint: a directory, an OCI layout, a local image or an
-    image in a registry (this node is checked before any layer is downloaded). Nothing in the
+    """Restore a container from a checkpoint: a directory, an OCI layout, a kubelet checkpoint
+    archive, a local image or an image in a registry (this node is checked before any layer is
+    downloaded). Nothing in the
     checkpoint is trusted: its spec's hooks, host mounts, devices, capabilities and namespaces
     must be allowed by this node's [restore] policy or on the command line (torpor inspect
     shows what a restore would grant)."""

@@ -38,6 +38,7 @@ from torpor.containerd.api import containers_pb2
 from torpor.containerd.api.task_pb2 import PAUSED, RUNNING
 from torpor.containerd.client import Client
 from torpor.errors import CheckpointError, NotFound
+from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.files import Sizes
@@ -112,7 +113,8 @@ def checkpoint(client: Client, container_id: str, request: CheckpointRequest,
             from None
     if task.status not in (RUNNING, PAUSED):
         raise CheckpointError(f"the task of {container_id} is not running")
-    image = containerd_image.image_chain(client, container.image) if container.image else None
+    image_name = container.image or _cri_image_name(container)
+    image = containerd_image.image_chain(client, image_name) if image_name else None
     stopped = not request.criu.leave_running
 
     if target.ref is None and not target.oci:
@@ -256,6 +258,12 @@ def _lay_out(directory: str, criu_dir: str, work_dir: str) -> None:
         if os.path.exists(log):
             os.replace(log, os.path.join(directory, names.CRIU_DUMP_LOG))
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _cri_image_name(container: containers_pb2.Container) -> str:
+    """A Kubernetes pod's container names no image in containerd; its spec does."""
+    annotations = _spec_of(container).get("annotations") or {}
+    return str(annotations.get(ann.CRI_IMAGE_NAME) or "")
 
 
 def _spec_of(container: containers_pb2.Container) -> dict[str, Any]:

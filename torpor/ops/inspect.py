@@ -5,7 +5,10 @@ would grant its spec (hooks, host mounts, devices, capabilities, namespaces), wi
 each request under this node's policy, or what would.
 
 An encrypted checkpoint shows its clear metadata only, unless a decryption key opens its
-metadata layer (from a registry, that one small layer is downloaded into scratch space)."""
+metadata layer (from a registry, that one small layer is downloaded into scratch space).
+
+A kubelet checkpoint archive is read without extracting it, and its report adds its pod and who
+can restore it."""
 
 from __future__ import annotations
 
@@ -20,13 +23,31 @@ from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.oci import Descriptor
 from torpor.formats.spec_requests import SpecRequests
 from torpor.image import directory as checkpoint_dir
-from torpor.image import ocicrypt, unpack
+from torpor.image import kube_archive, ocicrypt, unpack
 from torpor.image.encryption_annotations import layer_recipients
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
+from torpor.ops import kube
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
 from torpor.registry import fetch_metadata
+
+
+@dataclass(frozen=True)
+class KubeSummary:
+    """A kubelet archive's own records."""
+
+    container: str                  # the container's name in its pod
+    pod: str
+    namespace: str
+    runtime: str                    # the shim's name; the runtime class is not recorded
+    base_image_ref: str             # NAME@DIGEST, pulled again by a pod's restore
+    torpor_state: bool              # a torpor pod took it: restore it in one
+    checkpoint_bytes: int           # checkpoint/ (CRIU's images and torpor's files)
+    rootfs_diff_bytes: int          # rootfs-diff.tar, compressed
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,7 @@ class InspectReport:
     recipients: tuple[str, ...] = ()          # the encrypted layers' key algorithms
     sealed: bool = False            # encrypted, and its metadata layer not opened: no spec
     grants: tuple[Verdict, ...] = ()          # what a restore here would grant (not if sealed)
+    kube: KubeSummary | None = None
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
@@ -51,7 +73,9 @@ class InspectReport:
             "grants": None if self.sealed else [
                 {"what": v.what, "allowed_by": v.allowed_by or None,
                  "remedy": None if v.allowed_by else v.remedy} for v in self.grants],
-            "container": m.container.id, "image": m.image.name if m.image else None,
+            "container": m.container.id,
+            "image": m.image.name if m.image else (m.container.image or None),
+            "kubernetes": self.kube.to_json() if self.kube else None,
             "created": m.created, "torpor_version": m.torpor_version,
             "request": m.request.to_json(), "sizes": m.sizes.__dict__, "timings": m.timings,
             "node": m.node.to_json(), "criu": m.state.criu.to_json(),
@@ -81,6 +105,8 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
     if kind is SourceKind.DIRECTORY:
         metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         return InspectReport(source, kind, None, metadata, (), grants=_grants(metadata, cfg))
+    if kind is SourceKind.KUBE_ARCHIVE:
+        return _kube_report(source)
     with store.scratch() as scratch:
         if kind is SourceKind.REGISTRY:
             with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
@@ -110,3 +136,16 @@ def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:
     """What a restore under the same name, with no options, would be granted or refused."""
     requests = SpecRequests.of(metadata.container.spec)
     return tuple(verdicts(requests, RestorePolicy.of(cfg)))
+
+
+def _kube_report(source: str) -> InspectReport:
+    found = kube_archive.read(source)
+    annotations = found.spec.get("annotations") or {}
+    summary = KubeSummary(
+        container=found.container_name, pod=str(annotations.get(ann.CRI_SANDBOX_NAME) or ""),
+        namespace=str(annotations.get(ann.CRI_SANDBOX_NAMESPACE) or ""),
+        runtime=found.config.runtime, base_image_ref=found.config.rootfs_image_ref,
+        torpor_state=found.state is not None, checkpoint_bytes=found.checkpoint_bytes,
+        rootfs_diff_bytes=found.rootfs_diff_bytes)
+    metadata = kube.metadata_of(found, None, found.entries)
+    return InspectReport(source, SourceKind.KUBE_ARCHIVE, None, metadata, (), kube=summary)

@@ -47,6 +47,11 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
     kind = kind_of(source, store)
     if kind is SourceKind.REGISTRY:
         raise ImageError(f"{source} is not a local checkpoint", hint="see `torpor ls`")
+    if kind is SourceKind.KUBE_ARCHIVE:
+        raise ImageError(f"{source} is a kubelet checkpoint archive",
+                         hint=f"push it as a torpor image (torpor kube import {source} -t {ref} "
+                         f"--push) or as the image Kubernetes restores (torpor kube image "
+                         f"{source} -t {ref})")
     with store.scratch() as scratch:
         if kind is SourceKind.DIRECTORY:
             if client is None:

@@ -1,6 +1,7 @@
 """`torpor restore SOURCE`: a container back from a checkpoint, whole or not at all.
 
-SOURCE is a checkpoint directory, an OCI layout, a local image (`torpor ls`) or an image in a
+SOURCE is a checkpoint directory, an OCI layout, a kubelet checkpoint archive (made a checkpoint
+directory in scratch space first, ops/kube.py), a local image (`torpor ls`) or an image in a
 registry. Steps, in order (an ExitStack undoes each if a later one fails: no container, task,
 snapshot or scratch directory is left):
  1. find the checkpoint and read its metadata (a registry: the index, manifests and metadata
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torpor.capture import records, restore_policy
+from torpor.capture import pod, records, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd import runtime as runc_runtime
@@ -54,10 +55,11 @@ from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
 from torpor.formats.oci import OciSpec
 from torpor.formats.spec_requests import SpecRequests
 from torpor.image import directory as checkpoint_dir
-from torpor.image import unpack
+from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
+from torpor.ops import kube
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
     SourceKind,
@@ -103,19 +105,34 @@ class ApprovedSpec:
 
     spec: OciSpec
     requests: SpecRequests
+    own_files: str = ""     # a directory of sandbox files torpor made for this restore
 
 
-def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config) -> ApprovedSpec:
-    """Step 3: the checkpoint's spec for this restore, checked against the node's policy."""
+def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
+            namespace: str) -> ApprovedSpec:
+    """Step 3: the checkpoint's spec for this restore, as it will be created, checked against
+    the node's policy. A Kubernetes pod's container restored on its own first gets namespaces,
+    sandbox files and /dev/shm of its own (capture/pod.py): files torpor makes, allowed as
+    such, and removed again if the policy refuses the rest."""
     unpack.ensure_restorable(metadata)
-    spec = rewrite_spec(metadata.container.spec, metadata.container.id,
-                        options.name or metadata.container.id, options)
+    name = options.name or metadata.container.id
+    spec = rewrite_spec(metadata.container.spec, metadata.container.id, name, options)
+    own_files = ""
+    if pod.in_pod(spec):
+        own_files = os.path.join(cfg.runtime_state_dir, "pod-files", f"{namespace}-{name}")
+        spec = pod.standalone(spec, own_files, network_given=bool(options.netns))
     requests = SpecRequests.of(spec)
     grants = restore_policy.UserGrants(
         spec_hooks=options.allow_spec_hooks,
-        mounts=frozenset(options.volumes) | options.accept_mounts, netns=options.netns)
-    restore_policy.check(requests, restore_policy.RestorePolicy.of(cfg), grants)
-    return ApprovedSpec(spec, requests)
+        mounts=frozenset(options.volumes) | options.accept_mounts, netns=options.netns,
+        own_sources=(own_files,) if own_files else ())
+    try:
+        restore_policy.check(requests, restore_policy.RestorePolicy.of(cfg), grants)
+    except BaseException:
+        if own_files:
+            shutil.rmtree(own_files, ignore_errors=True)
+        raise
+    return ApprovedSpec(spec, requests, own_files)
 
 
 def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
@@ -131,9 +148,17 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         progress.step(f"checking {os.path.abspath(source)}")
         metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         compat.check(metadata, cfg)
-        approved = approve(metadata, options, cfg)
+        approved = approve(metadata, options, cfg, client.namespace)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
                                   cfg, progress, started, source, timings)
+    if kind is SourceKind.KUBE_ARCHIVE:
+        with store.scratch() as scratch:
+            progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
+            directory = str(scratch / "checkpoint")
+            metadata = kube.to_directory(client, kube_archive.read(source), directory, progress)
+            approved = approve(metadata, options, cfg, client.namespace)
+            return _restore_directory(client, directory, metadata, approved, options, cfg,
+                                      progress, started, source, timings)
 
     ref: str | None = None
     with store.scratch() as scratch:
@@ -154,7 +179,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                     plan.download(metadata_layout, wanted)
                 metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
                                                 limits)
-                approved = approve(metadata, options, cfg)
+                approved = approve(metadata, options, cfg, client.namespace)
                 layout = str(store.prepare(source))
                 progress.step(f"downloading {len(plan.layers)} layers")
                 t = time.monotonic()
@@ -170,7 +195,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
-            approved = approve(metadata, options, cfg)
+            approved = approve(metadata, options, cfg, client.namespace)
         name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
                       f"{image.index.digest.split(':')[1][:12]}"
         # 5. the CRIU images into scratch, the runnable image into containerd
@@ -200,6 +225,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     name = options.name or original.id
     try:
         client.get_container(name)
+        if approved.own_files:
+            shutil.rmtree(approved.own_files, ignore_errors=True)
         raise AlreadyExists(f"container {name} already exists",
                             hint="restore under another --name, or delete it first")
     except NotFound:
@@ -216,6 +243,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     record = records.containerd_record_dir(cfg.runtime_state_dir, client.namespace, name)
     log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
     with contextlib.ExitStack() as undo, client.lease():
+        if approved.own_files:  # the sandbox files torpor made for it (approve)
+            undo.callback(shutil.rmtree, approved.own_files, True)
         # 6. the root filesystem
         containerd_image.ensure_unpacked(client, snapshotter, image)
         progress.step("preparing the container's root filesystem")

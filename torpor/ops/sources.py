@@ -1,8 +1,9 @@
 """Where a checkpoint lives, and how to reach a registry.
 
-A source names a checkpoint in one of four places: a checkpoint directory (checkpoint.json), an
-OCI image-layout directory (index.json), a reference in the local store (`torpor ls`), or a
-reference in a registry. Registry access comes from the command line, then the config.
+A source names a checkpoint in one of five places: a checkpoint directory (checkpoint.json), an
+OCI image-layout directory (index.json), a kubelet checkpoint archive (a tar file with
+config.dump and spec.dump, docs/kubernetes.md), a reference in the local store (`torpor ls`),
+or a reference in a registry. Registry access comes from the command line, then the config.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torpor.config import Config
 from torpor.errors import ImageError, RestoreError
 from torpor.formats import names
 from torpor.formats.metadata import CheckpointMetadata
-from torpor.image import unpack
+from torpor.image import kube_archive, unpack
 from torpor.image.directory import is_checkpoint_dir
 from torpor.image.store import Store
 from torpor.ops.access import RegistryAccess
@@ -27,6 +28,7 @@ class SourceKind(enum.Enum):
     LAYOUT = "layout"
     STORE = "store"
     REGISTRY = "registry"
+    KUBE_ARCHIVE = "kubelet-archive"
 
 
 def kind_of(source: str, store: Store) -> SourceKind:
@@ -36,6 +38,10 @@ def kind_of(source: str, store: Store) -> SourceKind:
         if os.path.exists(os.path.join(source, names.OCI_INDEX_FILE)):
             return SourceKind.LAYOUT
         raise ImageError(f"{source} is neither a checkpoint directory nor an OCI image layout")
+    if os.path.isfile(source):
+        if kube_archive.is_archive(source):
+            return SourceKind.KUBE_ARCHIVE
+        raise ImageError(f"{source} is a file, not a kubelet checkpoint archive")
     if store.has(source):
         return SourceKind.STORE
     return SourceKind.REGISTRY

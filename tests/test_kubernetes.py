@@ -1,0 +1,312 @@
+"""Kubernetes' checkpoint API through containerd 2.x's CRI, with the real crictl (what kubelet
+sends: RunPodSandbox, CreateContainer, StartContainer, CheckpointContainer, and CreateContainer
+with a checkpoint as the image), a CNI bridge and a sandbox image from a local registry.
+
+Every flow runs with plain runc first, as a baseline in the same test: when the baseline fails,
+containerd or the machine broke, not torpor. Then the same with the `torpor` runtime class, plus
+what only torpor carries: an emptyDir-like volume, the pod's /dev/shm, open connections (closed
+in the copy, whose pod has a new IP), and the refusal of a pod of another runtime class.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+import zstandard
+
+from .conftest import run_torpor
+from .support import cri, ecosystem
+from .support.netns import NetNS, ip
+from .support.processes import wait_for
+from .support.registry import Registry
+from .support.workload import COUNTER, LineClient, exec_out, remove
+from .support.world import World
+
+pytestmark = pytest.mark.real
+
+WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; kvserver 7000 & "
+            + COUNTER]
+
+
+@dataclass
+class Cluster:
+    a: cri.CriNode
+    b: cri.CriNode
+    registry: Registry
+    refs: dict[str, str]
+    work: Path
+
+    def crictl(self, node: cri.CriNode) -> cri.Crictl:
+        return cri.Crictl(node)
+
+
+def free_subnets(count: int) -> list[int]:
+    """Second octets of 10.N.0.0/24 networks no route on this machine uses."""
+    used = {int(line.split(".")[1]) for line in ip("-4", "route").stdout.split()
+            if line.startswith("10.") and line.count(".") == 3}
+    return [n for n in range(200, 255) if n not in used][:count]
+
+
+@pytest.fixture(scope="module")
+def cluster(world: World) -> Iterator[Cluster]:
+    base = world.base / "kubernetes"
+    base.mkdir()
+    registry = Registry(base, "registry").start()
+    nodes: list[cri.CriNode] = []
+    try:
+        refs = cri.publish_images(base, registry, world.image_layout)
+        for name, subnet in zip(("ka", "kb"), free_subnets(2), strict=True):
+            node = cri.CriNode(base / "nodes", name, world.bin, world.config,
+                               sandbox_image=refs["sandbox"], subnet=subnet,
+                               containerd_bin=ecosystem.containerd_bin("2"))
+            nodes.append(node)
+            node.start()
+            cri.Crictl(node)("pull", refs["workload"])
+        work = base / "work"
+        work.mkdir()
+        yield Cluster(nodes[0], nodes[1], registry, refs, work)
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        registry.stop()
+
+
+@dataclass
+class Running:
+    """A pod and its counter container."""
+
+    node: cri.CriNode
+    pod: str
+    container: str
+    ip: str
+    data: Path
+
+
+def run_counter(cluster: Cluster, node: cri.CriNode, name: str, handler: str,
+                image: str | None = None) -> Running:
+    """A pod with the counter workload (or a restore of `image`), its /data on a fresh host
+    directory, the way kubelet mounts an emptyDir."""
+    crictl = cluster.crictl(node)
+    data = cluster.work / f"{name}-data"
+    data.mkdir()
+    pod = crictl.run_pod(cluster.work, name, handler)
+    container = crictl.create(pod, cluster.work, name, image or cluster.refs["workload"],
+                              None if image else WORKLOAD, {"/data": data})
+    crictl("start", container)
+    return Running(node, pod, container, crictl.pod_ip(pod), data)
+
+
+def remove_pod(cluster: Cluster, running: Running) -> None:
+    crictl = cluster.crictl(running.node)
+    crictl("stopp", running.pod, check=False)
+    crictl("rmp", "-f", running.pod, check=False)
+
+
+def assert_counter_continues(cluster: Cluster, restored: Running, checkpointed_at: int) -> int:
+    crictl = cluster.crictl(restored.node)
+    first = crictl.read_counter(restored.container)
+    assert first >= checkpointed_at, f"the counter restarted: {first} < {checkpointed_at}"
+    return crictl.wait_counter_above(restored.container, first)
+
+
+def assert_torpor_files_back(cluster: Cluster, restored: Running) -> None:
+    crictl = cluster.crictl(restored.node)
+    assert (restored.data / "note").read_text() == "kept\n"  # on the new pod's own directory
+    assert crictl.exec(restored.container, "cat", "/dev/shm/note") == "in-shm"
+
+
+def test_kubelet_checkpoint_restores_in_new_pods_on_one_node_and_across_two(
+        cluster: Cluster, torpor_bin: Path) -> None:
+    archives: dict[str, Path] = {}
+    for handler in ("runc", "torpor"):
+        stage = "baseline (plain runc: containerd or this machine, not torpor)" \
+            if handler == "runc" else "torpor"
+        a, b = cluster.crictl(cluster.a), cluster.crictl(cluster.b)
+        original = run_counter(cluster, cluster.a, f"count-{handler}", handler)
+        before = a.wait_counter_above(original.container, 5)
+        client = None
+        if handler == "torpor":  # plain runc cannot checkpoint a connected server under CRI
+            client = LineClient(original.ip, 7000)
+            assert client.ask("SET k v1") == "OK"
+        # what kubelet's /checkpoint endpoint calls: CheckpointContainer
+        archive = cluster.work / f"{handler}.tar"
+        result = a.run("checkpoint", f"--export={archive}", original.container, check=False)
+        assert result.returncode == 0, f"{stage}: checkpoint failed: {result.stderr}"
+        archives[handler] = archive
+        assert a.state(original.container) == "CONTAINER_RUNNING"
+        a.wait_counter_above(original.container, before)
+
+        # restore 1: the archive's path as the image, in a new pod on the same node
+        same = run_counter(cluster, cluster.a, f"same-{handler}", handler, str(archive))
+        assert_counter_continues(cluster, same, before)
+        if handler == "runc":
+            assert not (same.data / "note").exists()  # plain runc carries no volumes
+        else:
+            assert_torpor_files_back(cluster, same)
+            assert client is not None
+            assert same.ip != original.ip
+            # the copy's connection was restored closed; the original keeps serving its client
+            established = a.exec(same.container, "netstat", "-tn")
+            assert "ESTABLISHED" not in established, established
+            assert client.ask("GET k") == "v1"
+            fresh = LineClient(same.ip, 7000)
+            assert fresh.ask("GET k") == "v1"   # the state, at the pod's new address
+            fresh.close()
+            client.close()
+
+        # restore 2: a checkpoint OCI image, pushed to a registry and pulled through CRI
+        ref = f"{cluster.registry.host}/checkpoints/count-{handler}:1"
+        run_torpor(cluster.a, "kube", "image", str(archive), "-t", ref, "--insecure")
+        b("pull", ref)
+        moved = run_counter(cluster, cluster.b, f"moved-{handler}", handler, ref)
+        assert_counter_continues(cluster, moved, before)
+        if handler == "torpor":
+            assert_torpor_files_back(cluster, moved)
+            assert moved.ip.rsplit(".", 2)[0] != original.ip.rsplit(".", 2)[0]  # node b's net
+        for running in (original, same, moved):
+            remove_pod(cluster, running)
+
+    # a torpor checkpoint in a pod of another runtime class: refused before anything runs
+    crictl = cluster.crictl(cluster.a)
+    pod = crictl.run_pod(cluster.work, "wrong-class", "runc")
+    container = crictl.create(pod, cluster.work, "wrong-class", str(archives["torpor"]), None,
+                              {"/data": cluster.work})
+    refused = crictl.run("start", container, check=False)
+    assert refused.returncode != 0
+    assert "descriptors.json: no such file or directory" in refused.stderr, refused.stderr
+    assert crictl.state(container) != "CONTAINER_RUNNING"
+    crictl("rmp", "-f", pod)
+
+    # what checkpointctl (issue 16) and `torpor inspect` make of kubelet's archive from torpor
+    check_with_checkpointctl(archives["torpor"], "count-torpor", cluster.refs["workload"],
+                             stats=True)
+    report = json.loads(run_torpor(cluster.a, "inspect", "--json",
+                                   str(archives["torpor"])).stdout)
+    assert report["kind"] == "kubelet-archive"
+    assert report["kubernetes"]["container"] == "count-torpor"
+    assert report["kubernetes"]["torpor_state"] is True
+    assert report["image"] == cluster.refs["workload"]
+    assert {v["destination"] for v in report["files"]["volumes"]} == {"/data"}
+    plain = json.loads(run_torpor(cluster.a, "inspect", "--json", str(archives["runc"])).stdout)
+    assert plain["kubernetes"]["torpor_state"] is False
+
+
+def test_kubelet_checkpoint_restored_by_torpor_restore(cluster: Cluster) -> None:
+    crictl = cluster.crictl(cluster.a)
+    original = run_counter(cluster, cluster.a, "for-torpor", "torpor")
+    before = crictl.wait_counter_above(original.container, 5)
+    archive = cluster.work / "for-torpor.tar"
+    crictl("checkpoint", f"--export={archive}", original.container)
+    remove_pod(cluster, original)
+
+    # outside any pod: node b's own namespace, the base image pulled there as for any restore;
+    # the pod's container joined the pod's network namespace, so it is given one to join
+    node = cluster.b
+    node.ctr("images", "pull", "--plain-http", cluster.refs["workload"])
+    data = cluster.work / "torpor-restored-data"
+    data.mkdir()
+    refused = run_torpor(node, "restore", str(archive), "--name", "from-kubelet", check=False)
+    assert refused.returncode != 0 and "--netns" in refused.stderr, refused.stderr
+    netns = NetNS("torpor-kube")
+    try:
+        run_torpor(node, "restore", str(archive), "--name", "from-kubelet", "--netns",
+                   netns.path, "--volume", f"/data={data}")
+        value = int(exec_out(node, "from-kubelet", "cat", "/tmp/count"))
+        assert value >= before
+        assert (data / "note").read_text() == "kept\n"
+        assert exec_out(node, "from-kubelet", "cat", "/dev/shm/note").strip() == "in-shm"
+        wait_for(lambda: int(exec_out(node, "from-kubelet", "cat", "/tmp/count")) > value,
+                 what="the restored counter to move")
+    finally:
+        remove(node, "from-kubelet")
+        netns.delete()
+
+    # and as a torpor checkpoint directory, made on the node that holds the base image
+    imported = cluster.work / "imported"
+    run_torpor(cluster.a, "--namespace", "k8s.io", "kube", "import", str(archive), "-o",
+               str(imported))
+    metadata = json.loads((imported / "checkpoint.json").read_text())
+    assert metadata["container"]["id"] == json.loads(
+        subprocess.run(["tar", "-xOf", str(archive), "config.dump"], capture_output=True,
+                       check=True).stdout)["id"]
+    assert (imported / "criu" / "descriptors.json").exists()
+    assert (imported / "rootfs-diff.tar").exists()
+
+
+def test_torpor_checkpoint_restored_by_a_pod(cluster: Cluster) -> None:
+    crictl = cluster.crictl(cluster.a)
+    original = run_counter(cluster, cluster.a, "by-torpor", "torpor")
+    before = crictl.wait_counter_above(original.container, 5)
+    # torpor's own checkpoint image of the pod's container, pushed
+    ref = f"{cluster.registry.host}/checkpoints/by-torpor:1"
+    run_torpor(cluster.a, "--namespace", "k8s.io", "checkpoint", original.container, "-t", ref,
+               "--push", "--leave-running", "--insecure")
+    remove_pod(cluster, original)
+
+    # as a kubelet archive and as the image a pod restores, both made by torpor
+    archive = cluster.work / "by-torpor.tar"
+    run_torpor(cluster.a, "kube", "archive", ref, "-o", str(archive), "--insecure")
+    cri_ref = f"{cluster.registry.host}/checkpoints/by-torpor-cri:1"
+    layout = cluster.work / "by-torpor-cri"
+    run_torpor(cluster.a, "kube", "image", ref, "-t", cri_ref, "-o", str(layout), "--insecure")
+    check_with_checkpointctl(archive, "by-torpor", cluster.refs["workload"], stats=False)
+    manifest = json.loads(subprocess.run(
+        ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{cri_ref}"],
+        capture_output=True, check=True, text=True).stdout)
+    assert manifest["annotations"]["org.criu.checkpoint.container.name"] == "by-torpor"
+    layer = layout / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]
+    check_with_checkpointctl(layer, "by-torpor", cluster.refs["workload"], stats=False)
+
+    # restored by pods on node b: from the archive's path, and from the image
+    b = cluster.crictl(cluster.b)
+    from_archive = run_counter(cluster, cluster.b, "by-torpor-archive", "torpor", str(archive))
+    assert_counter_continues(cluster, from_archive, before)
+    assert_torpor_files_back(cluster, from_archive)
+    b("pull", cri_ref)
+    from_image = run_counter(cluster, cluster.b, "by-torpor-image", "torpor", cri_ref)
+    assert_counter_continues(cluster, from_image, before)
+    assert_torpor_files_back(cluster, from_image)
+    for running in (from_archive, from_image):
+        remove_pod(cluster, running)
+
+
+def check_with_checkpointctl(archive: Path, container: str, image: str, stats: bool) -> None:
+    """checkpointctl show and inspect read the archive without errors and report the right
+    container, image and sizes (what the archive's own entries add up to)."""
+    tool = str(ecosystem.tool("checkpointctl"))
+    shown = subprocess.run([tool, "show", str(archive)], capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert container in shown.stdout and image in shown.stdout, shown.stdout
+    flags = ["--ps-tree", "--mounts", "--files", "--sockets", "--metadata"]
+    inspected = subprocess.run([tool, "inspect", *flags, *(["--stats"] if stats else []),
+                                "--format", "json", str(archive)],
+                               capture_output=True, text=True, timeout=60)
+    assert inspected.returncode == 0, inspected.stderr
+    node = json.loads(inspected.stdout)[0]
+    assert node["container_name"] == container
+    assert node["image"] == image
+    sizes = entry_sizes(archive)
+    checkpoint = sum(size for name, size in sizes.items() if name.startswith("checkpoint/"))
+    assert node["checkpoint_size"]["total_size"] == checkpoint
+    assert node["checkpoint_size"]["root_fs_diff_size"] == sizes.get("rootfs-diff.tar", 0)
+    assert node["checkpoint_size"]["memory_pages_size"] == sum(
+        size for name, size in sizes.items() if name.startswith("checkpoint/pages-"))
+    assert node["process_tree"]["command"] == "sh"
+
+
+def entry_sizes(archive: Path) -> dict[str, int]:
+    """name -> size of every file in a tar, or in a zstd-compressed one (an image's layer)."""
+    with open(archive, "rb") as f:
+        compressed = f.read(4) == b"\x28\xb5\x2f\xfd"
+        f.seek(0)
+        stream: BinaryIO = zstandard.ZstdDecompressor().stream_reader(f) if compressed else f
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            return {m.name.removeprefix("./"): m.size for m in tar if m.isfile()}

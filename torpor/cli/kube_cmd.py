@@ -1,0 +1,107 @@
+"""torpor kube archive|import|image: torpor's checkpoints and kubelet's, one into the other."""
+
+from __future__ import annotations
+
+import click
+
+from torpor import config
+from torpor.cli.output import Globals, emit_json, human_size
+from torpor.cli.registry_flags import access_from, registry_options
+from torpor.ops import kube
+from torpor.ops.kube import KubeResult
+
+
+@click.group("kube")
+def kube_group() -> None:
+    """Kubernetes: kubelet's checkpoint archives and the checkpoint images pods restore from.
+
+    \b
+    torpor kube archive SOURCE -o FILE          a torpor checkpoint as a kubelet archive
+    torpor kube import ARCHIVE -o DIR           a kubelet archive as a torpor checkpoint
+    torpor kube import ARCHIVE -t REF [--push]  ... as a torpor checkpoint image
+    torpor kube image SOURCE -t REF             the image a pod restores from, pushed
+    """
+
+
+@kube_group.command("archive")
+@click.argument("source", metavar="DIR|REF")
+@click.option("-o", "--output", "out", required=True, metavar="FILE",
+              help="Write the kubelet checkpoint archive here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
+@click.pass_obj
+def archive_command(g: Globals, source: str, out: str, as_json: bool, username: str | None,
+                    password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+    """A torpor checkpoint as a kubelet checkpoint archive: `crictl create POD CTR.json POD.json`
+    with the archive's path as the image restores it in a pod of runtime class torpor."""
+    result = kube.archive(source, out, config.load(),
+                          access_from(username, password_stdin, ca_file, insecure),
+                          g.progress(quiet=as_json))
+    _report(result, as_json, f"wrote {result.archive} ({human_size(result.bytes)})")
+
+
+@kube_group.command("import")
+@click.argument("archive", metavar="ARCHIVE", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "directory", metavar="DIR",
+              help="Write a checkpoint directory (new) here.")
+@click.option("--oci", is_flag=True, help="With -o: write an OCI image layout instead.")
+@click.option("-t", "--tag", "ref", metavar="REF",
+              help="Make a checkpoint image REF (kept locally: torpor ls).")
+@click.option("--push", is_flag=True, help="Push the image to REF's registry.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
+@click.pass_obj
+def import_command(g: Globals, archive: str, directory: str | None, oci: bool, ref: str | None,
+                   push: bool, as_json: bool, username: str | None, password_stdin: bool,
+                   ca_file: str | None, insecure: bool) -> None:
+    """A kubelet checkpoint archive as a torpor checkpoint. Its base image must be in
+    containerd (-n k8s.io on the node the pod ran on)."""
+    if not directory and not ref:
+        raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
+    if push and not ref:
+        raise click.UsageError("--push needs -t REF")
+    if oci and not directory:
+        raise click.UsageError("--oci needs -o DIR")
+    with g.client() as client:
+        result = kube.import_archive(
+            client, archive, config.load(), directory=directory, oci=oci, ref=ref, push=push,
+            access=access_from(username, password_stdin, ca_file, insecure),
+            progress=g.progress(quiet=as_json))
+    where = (result.directory or (f"pushed {result.reference}" if push else
+                                  f"image {ref}" if ref else f"OCI layout {result.layout}"))
+    _report(result, as_json, f"imported {result.container}: {where}")
+
+
+@kube_group.command("image")
+@click.argument("source", metavar="ARCHIVE|DIR|REF")
+@click.option("-t", "--tag", "ref", metavar="REF", help="Push the image as REF.")
+@click.option("-o", "--output", "directory", metavar="DIR",
+              help="Write the image as an OCI image layout here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@registry_options
+@click.pass_obj
+def image_command(g: Globals, source: str, ref: str | None, directory: str | None,
+                  as_json: bool, username: str | None, password_stdin: bool,
+                  ca_file: str | None, insecure: bool) -> None:
+    """The checkpoint image a pod restores from (annotation org.criu.checkpoint.container.name):
+    `crictl pull REF`, then REF as the container's image. SOURCE is a kubelet archive or any
+    torpor checkpoint."""
+    if not ref and not directory:
+        raise click.UsageError("give -t REF (pushed) or -o DIR (an OCI layout), or both")
+    result = kube.image(source, config.load(), ref=ref, directory=directory,
+                        access=access_from(username, password_stdin, ca_file, insecure),
+                        progress=g.progress(quiet=as_json))
+    where = " and ".join(x for x in (f"pushed {result.reference}" if result.reference else "",
+                                     f"OCI layout {result.layout}" if result.layout else "") if x)
+    _report(result, as_json, f"checkpoint image of {result.container}: {where} "
+                             f"({human_size(result.bytes)} layer, {result.digest})")
+
+
+def _report(result: KubeResult, as_json: bool, line: str) -> None:
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(f"{line} in {result.seconds:.2f}s")
+
+
+COMMANDS = {"kube": kube_group}
