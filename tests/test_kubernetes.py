@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tarfile
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,3 +312,47 @@ def entry_sizes(archive: Path) -> dict[str, int]:
         stream: BinaryIO = zstandard.ZstdDecompressor().stream_reader(f) if compressed else f
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             return {m.name.removeprefix("./"): m.size for m in tar if m.isfile()}
+
+
+INSTALLER = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / "node-install.sh"
+
+
+@pytest.mark.parametrize("version", ["2.1.9", "2.2.7"])
+def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin: Path,
+                                                      version: str) -> None:
+    """packaging/kubernetes/node-install.sh past the installation of torpor: the runtime class
+    merged into containerd's defaults, restore through CreateContainer switched on where
+    containerd wants it (2.2.7), nothing changed on a second run. containerd says which version
+    it is; the real 2.1.9 checks that the result loads."""
+    real = ecosystem.CONTAINERD2_BIN / "containerd"
+    containerd = tmp_path / "containerd"
+    containerd.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = --version ] && {{ echo "containerd x/v2 v{version} abc"; exit 0; }}\n'
+        f'exec {real} "$@"\n')
+    containerd.chmod(0o755)
+    config = tmp_path / "etc" / "config.toml"
+    env = {"PATH": f"{ecosystem.CONTAINERD2_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+           "CONTAINERD_CONFIG": str(config), "CONTAINERD_BIN": str(containerd),
+           "TORPOR_BIN": str(torpor_bin / "torpor"), "PREFIX": str(torpor_bin.parent),
+           "TORPOR_SKIP_INSTALL": "1", "TORPOR_RESTART": "none",
+           "TORPOR_MARKER": str(tmp_path / "installed"), "TORPOR_PYTHON": sys.executable}
+    first = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "restart containerd to load it" in first.stderr
+    dumped = tomllib.loads(subprocess.run([str(real), "--config", str(config), "config", "dump"],
+                                          capture_output=True, text=True, check=True).stdout)
+    runtime = dumped["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["containerd"]["runtimes"]["torpor"]["options"]["BinaryName"] == \
+        str(torpor_bin / "torpor-runc")
+    assert "runc" in runtime["containerd"]["runtimes"]
+    wanted = version == "2.2.7"
+    assert ("enable_experimental_restore_via_create = true" in config.read_text()) is wanted
+    assert (tmp_path / "installed").read_text().startswith("torpor ")
+    text = config.read_text()
+    again = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "already has the torpor runtime class" in again.stderr
+    assert config.read_text() == text
