@@ -76,3 +76,16 @@ def test_tcp_close_config_keeps_runcs_own(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(pod, "RUNC_CRIU_CONFIG", str(tmp_path / "none"))
     pod.write_tcp_close_config(str(target))
     assert target.read_text() == "tcp-close\n"
+
+
+@pytest.mark.parametrize("name", ["../../etc/shadow.tar", "/etc/x.tar", "volumes/0.tar",
+                                  "pages-1.img"])
+def test_a_volume_archive_is_a_torpor_file_name_and_nothing_else(tmp_path: Path,
+                                                                 name: str) -> None:
+    from torpor.capture import volumes
+    from torpor.errors import RestoreError
+    from torpor.formats.files import SavedVolume
+
+    volume = SavedVolume(0, "/data", "/srv/data", "dir", False, name)
+    with pytest.raises(RestoreError, match="not a file name torpor writes"):
+        volumes.restore(volume, str(tmp_path), str(tmp_path / "target"))
