@@ -163,16 +163,24 @@ def test_kubelet_checkpoint_restores_in_new_pods_on_one_node_and_across_two(
             fresh.close()
             client.close()
 
-        # restore 2: a checkpoint OCI image, pushed to a registry and pulled through CRI
+        # restore 2: a checkpoint OCI image, pushed to a registry and pulled through CRI, on
+        # the other node; then each path where the other one ran
         ref = f"{cluster.registry.host}/checkpoints/count-{handler}:1"
         run_torpor(cluster.a, "kube", "image", str(archive), "-t", ref, "--insecure")
         b("pull", ref)
         moved = run_counter(cluster, cluster.b, f"moved-{handler}", handler, ref)
         assert_counter_continues(cluster, moved, before)
+        a("pull", ref)
+        image_here = run_counter(cluster, cluster.a, f"image-here-{handler}", handler, ref)
+        archive_there = run_counter(cluster, cluster.b, f"archive-there-{handler}", handler,
+                                    str(archive))
+        for restored in (image_here, archive_there):
+            assert_counter_continues(cluster, restored, before)
         if handler == "torpor":
-            assert_torpor_files_back(cluster, moved)
+            for restored in (moved, image_here, archive_there):
+                assert_torpor_files_back(cluster, restored)
             assert moved.ip.rsplit(".", 2)[0] != original.ip.rsplit(".", 2)[0]  # node b's net
-        for running in (original, same, moved):
+        for running in (original, same, moved, image_here, archive_there):
             remove_pod(cluster, running)
 
     # a torpor checkpoint in a pod of another runtime class: refused before anything runs
