@@ -134,15 +134,15 @@ def edit_spec(change: Callable[[dict[str, Any], Path], None]) -> Callable[[Path,
 
 def edit_state_json(change: Callable[[dict[str, Any], Path], None]) -> Callable[[Path, World], None]:
     def tamper(directory: Path, w: World) -> None:
-        state = json.loads((directory / "criu/torpor/state.json").read_text())
+        state = json.loads((directory / "criu/torpor-state.json").read_text())
         change(state, w.canary)
-        put_file(directory, "criu/torpor/state.json", json.dumps(state).encode())
+        put_file(directory, "criu/torpor-state.json", json.dumps(state).encode())
     return tamper
 
 
 def hostile_volume(case: str) -> Callable[[Path, World], None]:
     def tamper(directory: Path, w: World) -> None:
-        put_file(directory, "criu/torpor/volumes/0.tar", tar_bytes(archive_escapes(w.canary)[case][1]))
+        put_file(directory, "criu/torpor-volume-0.tar", tar_bytes(archive_escapes(w.canary)[case][1]))
     return tamper
 
 
@@ -239,7 +239,7 @@ DIRECTORY_CASES: dict[str, tuple[Callable[[Path, World], None], bool, str]] = {
     # name: (tamper, pass --volume for /data, words expected in the refusal or "" if any)
     **{f"volume-{case}": (hostile_volume(case), True, "")
        for case, (mode, _) in archive_escapes(Path("/")).items() if mode == "volume"},
-    **{f"rw-layer-{case}": (hostile_rootfs(case, "criu/torpor/rootfs-diff.tar"), True, "")
+    **{f"rw-layer-{case}": (hostile_rootfs(case, "criu/torpor-rootfs-diff.tar"), True, "")
        for case, (mode, _) in archive_escapes(Path("/")).items()},
     **{f"containerd-diff-{case}": (hostile_rootfs(case, "rootfs-diff.tar"), True, "")
        for case in ("whiteout-dotdot", "symlink-then-write-through", "hardlink-dotdot")},

@@ -170,3 +170,14 @@ def test_a_spec_this_node_sealed_needs_no_policy_and_a_changed_one_does(tmp_path
     other_node = Config({"image": {"store": str(tmp_path / "other")}})
     assert not policy.sealed_here(policy.node_key(other_node), requests, sealed)
     assert not policy.sealed_here(key, requests, "")
+
+
+def test_only_containerds_cri_directory_marks_a_kubernetes_restore(tmp_path: Path) -> None:
+    cri = tmp_path / "state" / "io.containerd.grpc.v1.cri" / "containers" / "c1" / "ctrd-restore"
+    (cri / "checkpoint").mkdir(parents=True)
+    assert policy.built_by_cri(str(cri / "checkpoint"), "c1")
+    assert not policy.built_by_cri(str(cri / "checkpoint"), "c2")  # another container's
+    assert not policy.built_by_cri(str(tmp_path / "ctrd-checkpoint123"), "c1")  # ctr, nerdctl
+    link = tmp_path / "looks-like-cri"
+    link.symlink_to(tmp_path)  # a path that only names the directory does not count
+    assert not policy.built_by_cri(str(link / "io.containerd.grpc.v1.cri-x" / "c1"), "c1")

@@ -12,9 +12,10 @@ host_namespaces`; a network namespace given with `--netns`). A root path elsewhe
 path with `..` are refused outright.
 
 `torpor restore` checks before anything is created and leaves what it granted in a record for
-torpor-runc, which checks again. A restore no torpor command granted (ctr, nerdctl, kubelet's CRI)
-is checked by torpor-runc against the policy alone, unless this node sealed the very same
-requests at checkpoint time: torpor-runc checkpoint records an HMAC of the spec's requests under
+torpor-runc, which checks again. A Kubernetes restore's spec is kubelet's, not the checkpoint's
+(containerd's CRI builds it from the CreateContainer request): torpor-runc leaves it to kubelet.
+Any other restore no torpor command granted (ctr, nerdctl) is checked by torpor-runc against the
+policy alone, unless this node sealed the very same requests at checkpoint time: torpor-runc checkpoint records an HMAC of the spec's requests under
 a key that never leaves the node (`<[image] store>/node.key`), so a container this node already
 ran with those requests (nerdctl restoring its own container, ctr restoring a checkpoint taken
 here) is not refused what it had, while a spec from elsewhere, or a tampered one, meets the
@@ -213,6 +214,21 @@ def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
     if sealed_here or (granted is not None and granted == requests):
         return
     check(requests, policy)
+
+
+CRI_PLUGIN_DIR = "io.containerd.grpc.v1.cri"
+
+
+def built_by_cri(image_path: str, container_id: str) -> bool:
+    """Whether this is a Kubernetes restore: containerd's CRI unpacks the archive under its own
+    directory for the new container (`.../io.containerd.grpc.v1.cri/containers/<id>/...`), and
+    builds the spec from kubelet's CreateContainer request, not from the checkpoint. No ctr,
+    nerdctl or torpor restore can put the image path there."""
+    parts = os.path.realpath(image_path).split(os.sep)
+    for i, part in enumerate(parts[:-2]):
+        if part == CRI_PLUGIN_DIR and parts[i + 1] == "containers" and parts[i + 2] == container_id:
+            return True
+    return False
 
 
 NODE_KEY = "node.key"

@@ -98,11 +98,12 @@ def restore(volume: SavedVolume, image_path: str, source: str,
     import shutil
     import tempfile
 
-    name = archive.safe_name(volume.archive, f"volume {volume.destination}'s archive")
-    if not ((name.startswith(names.VOLUME_ARCHIVE_PREFIX) and "/" not in name)
-            or name == names.DEV_SHM_ARCHIVE):
+    name = volume.archive
+    if os.path.basename(name) != name or not (
+            name.startswith(names.VOLUME_ARCHIVE_PREFIX) or name == names.DEV_SHM_ARCHIVE):
+        # the state travels in archives others made (kubelet's): never a path out of them
         raise RestoreError(f"the checkpoint names {volume.archive!r} as the archive of volume "
-                           f"{volume.destination}: not one torpor writes")
+                           f"{volume.destination}: not a file name torpor writes")
     path = os.path.join(image_path, name)
     if not os.path.isfile(path) or os.path.islink(path):
         raise RestoreError(f"the checkpoint lacks {volume.archive} for volume {volume.destination}")

@@ -109,8 +109,9 @@ def run(ctx: Context) -> int:
     state = read_state(image_path)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
     requests = SpecRequests.of(config)
-    sealed = state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
-        restore_policy.node_key(ctx.cfg), requests, state.spec_seal)
+    sealed = restore_policy.built_by_cri(image_path, container_id) or (
+        state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
+            restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
     restore_policy.check_in_runtime(requests, restore_policy.RestorePolicy.of(ctx.cfg),
                                     restore_policy.take_grant(record), sealed_here=sealed)
     changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
