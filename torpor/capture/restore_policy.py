@@ -15,11 +15,11 @@ path with `..` are refused outright.
 torpor-runc, which checks again. A Kubernetes restore's spec is kubelet's, not the checkpoint's
 (containerd's CRI builds it from the CreateContainer request): torpor-runc leaves it to kubelet.
 Any other restore no torpor command granted (ctr, nerdctl) is checked by torpor-runc against the
-policy alone, unless this node sealed the very same requests at checkpoint time: torpor-runc checkpoint records an HMAC of the spec's requests under
-a key that never leaves the node (`<[image] store>/node.key`), so a container this node already
-ran with those requests (nerdctl restoring its own container, ctr restoring a checkpoint taken
-here) is not refused what it had, while a spec from elsewhere, or a tampered one, meets the
-policy. This lives in capture/ because torpor-runc, which imports only the ground floor and
+policy alone, unless this node sealed the very same requests at checkpoint time: torpor-runc
+checkpoint records an HMAC of the spec's requests under a key that never leaves the node
+(`<[image] store>/node.key`), so a container this node already ran with those requests (nerdctl
+restoring its own container, ctr restoring a checkpoint taken here) is not refused what it had,
+while a spec from elsewhere, or a tampered one, meets the policy. This lives in capture/ because torpor-runc, which imports only the ground floor and
 capture/, needs it.
 """
 
