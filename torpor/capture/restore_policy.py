@@ -19,8 +19,8 @@ policy alone, unless this node sealed the very same requests at checkpoint time:
 checkpoint records an HMAC of the spec's requests under a key that never leaves the node
 (`<[image] store>/node.key`), so a container this node already ran with those requests (nerdctl
 restoring its own container, ctr restoring a checkpoint taken here) is not refused what it had,
-while a spec from elsewhere, or a tampered one, meets the policy. This lives in capture/ because torpor-runc, which imports only the ground floor and
-capture/, needs it.
+while a spec from elsewhere, or a tampered one, meets the policy. This lives in capture/ because
+torpor-runc, which imports only the ground floor and capture/, needs it.
 """
 
 from __future__ import annotations
