@@ -15,13 +15,18 @@ deps:
 venv:
 	@bash packaging/install-deps.sh --python
 
+# The core suite, which runs a second time on containerd 2.x over runc 1.3 (the first run is
+# Debian's containerd 1.6 and runc 1.1.5): about a minute on two cores.
+CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py
+
 # The whole suite: lint, types, the fast tests, then every test (real containerd, runc, CRIU,
-# registry).
+# registry), then the core tests again on the other versions.
 test: deps
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider --containerd 2 --runc 1.3 $(CORE_TESTS)
 
 # The fast tests: every pure piece, nothing started, under 10 s.
 unit: venv

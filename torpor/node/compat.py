@@ -49,8 +49,7 @@ def mismatches(recorded: NodeFacts, here: NodeFacts) -> list[str]:
 
 def check(metadata: CheckpointMetadata, cfg: Config, here: NodeFacts | None = None) -> None:
     """Raise IncompatibleNode listing every reason this node cannot restore `metadata`."""
-    here = here or node.gather(runc=node.which(cfg.runtime_path) if "/" not in cfg.runtime_path
-                               else cfg.runtime_path)
+    here = here or node.gather(runc=node.low_level_runc(cfg.runtime_path))
     found = mismatches(metadata.node, here)
     gpu = metadata.state.gpu
     if gpu is not None:

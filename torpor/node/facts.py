@@ -114,6 +114,12 @@ def go_arch(machine: str | None = None) -> str:
             "s390x": "s390x"}.get(machine, machine)
 
 
+def low_level_runc(runtime_path: str) -> str | None:
+    """The runc that torpor-runc hands over to (`[runtime] path`: a name on PATH, or a path):
+    the one whose version a checkpoint records and a restoring node is checked against."""
+    return runtime_path if "/" in runtime_path else which(runtime_path)
+
+
 def gather(runc: str | None = None, criu: str | None = None) -> NodeFacts:
     return NodeFacts(
         architecture=go_arch(),

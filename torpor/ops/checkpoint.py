@@ -237,7 +237,8 @@ def _checkpoint_into(client: Client, container: containers_pb2.Container, runtim
             id=container.id, image=container.image, runtime=runtime, spec=_spec_of(container),
             labels=dict(container.labels), snapshotter=container.snapshotter,
             snapshot_key=container.snapshot_key),
-        image=image, request=request, node=node.gather(), state=state,
+        image=image, request=request,
+        node=node.gather(runc=node.low_level_runc(cfg.runtime_path)), state=state,
         sizes=Sizes(
             memory_pages=sum(f.size for f in files
                              if os.path.basename(f.path).startswith("pages-")),
