@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 
-_ERROR = re.compile(r"^\(\s*[\d.]+\)\s+Error\s+\(([^)]*)\):\s*(.*)$")
+# "(00.455232)      6: Error (soccr/soccr.c:499): ...": the pid is there for a restored task's
+# own lines (and absent for CRIU's)
+_ERROR = re.compile(r"^\(\s*[\d.]+\)\s+(?:\d+:\s+)?Error\s+\(([^)]*)\):\s*(.*)$")
 # Logged on every run on some kernels, and harmless (CRIU goes on): never the reason.
 _NOISE = ("Can't setup RLIMIT_NOFILE for self",
           # consequences, not causes: CRIU logs these after the error that matters
