@@ -1,5 +1,5 @@
-"""The `torpor` command line: checkpoint, restore, push, pull, inspect, ls, rm, check, runtime-config,
-kube.
+"""The `torpor` command line: checkpoint, restore, push, pull, import, inspect, ls, rm, check,
+runtime-config, kube.
 
 Commands parse options, call one library function and render its result; the library never
 imports this package. containerd is found the way ctr finds it: `--address`/`CONTAINERD_ADDRESS`
@@ -22,6 +22,7 @@ LAZY_COMMANDS = {
     "checkpoint": "torpor.cli.checkpoint_cmd",
     "restore": "torpor.cli.restore_cmd",
     "push": "torpor.cli.push_cmd",
+    "import": "torpor.cli.import_cmd",
     "pull": "torpor.cli.pull_cmd",
     "inspect": "torpor.cli.inspect_cmd",
     "ls": "torpor.cli.ls_cmd",

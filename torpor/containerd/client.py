@@ -144,6 +144,12 @@ class Client:
                          containers_pb2.GetContainerRequest(id=container_id),
                          containers_pb2.GetContainerResponse, f"container {container_id}").container
 
+    def list_containers(self, *filters: str) -> list[containers_pb2.Container]:
+        """Containers matching any of containerd's filters (`labels."k"==v`); all without one."""
+        return list(self.call("/containerd.services.containers.v1.Containers/List",
+                              containers_pb2.ListContainersRequest(filters=list(filters)),
+                              containers_pb2.ListContainersResponse, "list containers").containers)
+
     def create_container(self, container: containers_pb2.Container) -> containers_pb2.Container:
         return self.call("/containerd.services.containers.v1.Containers/Create",
                          containers_pb2.CreateContainerRequest(container=container),

@@ -86,14 +86,24 @@ def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str,
     plan = netns.restore_plan(network.config)
     on_lo = {a.address for a in plan.addresses}
     foreign = [a for a in needed if a not in on_lo]
-    if foreign and not add:
+    # other hooks where the namespace is set up (nerdctl's CNI hook) may give it the addresses;
+    # if they do not, CRIU says which one it could not bind
+    if foreign and not add and not others_set_up_namespaces(spec_doc):
         raise RestoreError(
             f"the checkpointed sockets are bound to {', '.join(foreign)}, which a new network "
             "namespace will not have",
             hint="restore into a namespace that has them (a netns path in the spec), or set "
             f"{ann.RESTORE_ADD_ADDRESSES}=true to add them on lo")
-    netns.write_restore_plan(plan_path, netns.restore_plan(network.config, extra=foreign))
+    netns.write_restore_plan(plan_path, netns.restore_plan(network.config,
+                                                           extra=foreign if add else ()))
     return close
+
+
+def others_set_up_namespaces(spec_doc: OciSpec) -> bool:
+    """Whether the spec has hooks besides torpor's where runc sets up namespaces."""
+    hooks = spec_doc.get("hooks") or {}
+    return any((hook.get("args") or [None])[0] != modifiers.HOOK_MARKER
+               for stage in ("prestart", "createRuntime") for hook in hooks.get(stage) or [])
 
 
 def run(ctx: Context) -> int:
