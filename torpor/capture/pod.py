@@ -129,6 +129,28 @@ def standalone(spec: OciSpec, files_dir: str, network_given: bool) -> OciSpec:
     return spec
 
 
+def own_engine_files(spec: OciSpec, files_dir: str, mapped: frozenset[str]) -> OciSpec:
+    """A copy of the spec whose engine-managed files (/etc/hosts, /etc/hostname,
+    /etc/resolv.conf bind mounts) are torpor's own, under `files_dir`, unless the user mapped
+    their destinations (`mapped`): their sources are paths of the engine that made the
+    container (nerdctl's data root, a pod's sandbox) and mean nothing on another node. A saved
+    copy in the checkpoint, if any, is written over them at restore."""
+    import copy
+
+    spec = copy.deepcopy(spec)
+    made = False
+    for mount in spec.get("mounts") or []:
+        destination = str(mount.get("destination", "")).rstrip("/")
+        options = mount.get("options") or []
+        bind = mount.get("type") == "bind" or "bind" in options or "rbind" in options
+        if bind and destination in POD_FILES and destination not in mapped:
+            if not made:
+                os.makedirs(files_dir, mode=0o700, exist_ok=True)
+                made = True
+            mount["source"] = _pod_file(files_dir, POD_FILES[destination], spec)
+    return spec
+
+
 def _pod_file(files_dir: str, name: str, spec: OciSpec) -> str:
     hostname = str(spec.get("hostname") or "localhost")
     content = {"hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"

@@ -151,7 +151,7 @@ def _lay_out(client: Client, container: containers_pb2.Container, runtime: Runti
     progress.step("linking CRIU's images")
     _link_tree(source, criu_dir)
     # 3. the read-write layer beside the CRIU images
-    diff = os.path.join(criu_dir, names.STATE_DIR, names.ROOTFS_DIFF)
+    diff = os.path.join(criu_dir, names.IMAGE_DIR_ROOTFS_DIFF)
     if os.path.exists(diff):
         os.replace(diff, os.path.join(directory, names.ROOTFS_DIFF))
     elif container.snapshot_key:
@@ -162,14 +162,13 @@ def _lay_out(client: Client, container: containers_pb2.Container, runtime: Runti
         json.loads(container.spec.value) if container.spec.value else {})
     first = len(state.files.volumes)
     extra = [SavedVolume(first + i, f.destination, f.source, "file", f.read_only,
-                         f"{names.VOLUMES_DIR}/{first + i}.tar")
+                         names.volume_archive(first + i))
              for i, f in enumerate(nerdctl.engine_files(spec))]
     if extra:
-        state_dir = os.path.join(criu_dir, names.STATE_DIR)
         for volume in extra:  # never write through a link into nerdctl's checkpoint
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(state_dir, volume.archive))
-        saved = tuple(saved_volumes.save(volume, state_dir) for volume in extra)
+                os.unlink(os.path.join(criu_dir, volume.archive))
+        saved = tuple(saved_volumes.save(volume, criu_dir) for volume in extra)
         state = replace(state, files=replace(state.files,
                                              volumes=state.files.volumes + saved))
         container_state.write(criu_dir, state)  # a new file: nerdctl's is not touched

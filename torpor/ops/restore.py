@@ -112,15 +112,19 @@ def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
             namespace: str) -> ApprovedSpec:
     """Step 3: the checkpoint's spec for this restore, as it will be created, checked against
     the node's policy. A Kubernetes pod's container restored on its own first gets namespaces,
-    sandbox files and /dev/shm of its own (capture/pod.py): files torpor makes, allowed as
-    such, and removed again if the policy refuses the rest."""
+    sandbox files and /dev/shm of its own, any other container its engine's /etc/hosts,
+    /etc/hostname and /etc/resolv.conf (capture/pod.py): files torpor makes, allowed as such,
+    and removed again if the policy refuses the rest."""
     unpack.ensure_restorable(metadata)
     name = options.name or metadata.container.id
     spec = rewrite_spec(metadata.container.spec, metadata.container.id, name, options)
-    own_files = ""
+    own_files = os.path.join(cfg.runtime_state_dir, "pod-files", f"{namespace}-{name}")
     if pod.in_pod(spec):
-        own_files = os.path.join(cfg.runtime_state_dir, "pod-files", f"{namespace}-{name}")
         spec = pod.standalone(spec, own_files, network_given=bool(options.netns))
+    else:  # the engine's own files (nerdctl's /etc/hosts...) become torpor's
+        spec = pod.own_engine_files(spec, own_files, frozenset(options.volumes))
+    if not os.path.isdir(own_files):
+        own_files = ""
     requests = SpecRequests.of(spec)
     grants = restore_policy.UserGrants(
         spec_hooks=options.allow_spec_hooks,
