@@ -1,30 +1,24 @@
 """Per-container record directories under the state dir (`/run/torpor` by default).
 
-    <state_dir>/containers/<namespace>/<id>/checkpoint-request.json
-        `torpor checkpoint` leaves its request here for torpor-runc, which takes (removes) it:
-        containerd passes runc's options through, but no torpor-specific ones
-    <state_dir>/containers/<namespace>/<id>/restore-net.json
+    <state_dir>/containers/<namespace>/<id>.<key>/restore-net.json
         torpor-runc restore leaves the network plan here for torpor-hook
 
 `<namespace>` is containerd's namespace, read from the bundle path
-(`.../io.containerd.runtime.v2.task/<namespace>/<id>`), or `_` for other engines. torpor-hook
-imports this module on every container start: the standard library only, and the request's
-typed format is imported only where a request is read or written.
+(`.../io.containerd.runtime.v2.task/<namespace>/<id>`), or `_` for other engines; `<key>` is a
+hash of the bundle path, which holds containerd's state directory: two containerd instances on
+one host (or two engines) never share a record, even for the same namespace and name.
+torpor-hook imports this module on every container start: the standard library only.
+
+A checkpoint's own files (its request, journal and locks) live apart, one directory per
+checkpoint: torpor.capture.journal.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import zlib
 
-from torpor.atomicfile import write_atomic
 from torpor.formats import names
-
-TYPE_CHECKING = False  # torpor-hook runs on every container start: no typing, json or shutil
-if TYPE_CHECKING:
-    from torpor.formats.request import CheckpointRequest
-
-REQUEST_TTL_S = 300
 
 
 def container_key(bundle: str, container_id: str) -> str:
@@ -32,18 +26,12 @@ def container_key(bundle: str, container_id: str) -> str:
     namespace = "_"
     if os.path.basename(bundle) == container_id:
         namespace = os.path.basename(os.path.dirname(bundle)) or "_"
-    return f"{namespace}/{container_id}"
+    return f"{namespace}/{container_id}.{zlib.crc32(bundle.encode()):08x}"
 
 
 def record_dir(state_dir: str, bundle: str, container_id: str) -> str:
-    """The record directory of a container, from its bundle (what the runtime knows)."""
+    """The record directory of a container, from its bundle (what the runtime and hooks know)."""
     return os.path.join(state_dir, names.RECORDS_DIR, container_key(bundle, container_id))
-
-
-def containerd_record_dir(state_dir: str, namespace: str, container_id: str) -> str:
-    """The record directory of a containerd container, from its namespace and id (what the
-    CLI knows)."""
-    return os.path.join(state_dir, names.RECORDS_DIR, namespace, container_id)
 
 
 def _remove_tree(path: str) -> None:
@@ -79,32 +67,3 @@ def remove_record(directory: str) -> None:
         os.rmdir(parent)
     except OSError:
         pass
-
-
-def write_request(directory: str, request: CheckpointRequest) -> str:
-    from dataclasses import replace
-
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, names.CHECKPOINT_REQUEST)
-    write_atomic(path, replace(request, expires=time.time() + REQUEST_TTL_S).dumps(), mode=0o600)
-    return path
-
-
-def take_request(directory: str) -> CheckpointRequest | None:
-    """The pending checkpoint request, removed as it is read; None when none or expired."""
-    from torpor.formats.request import CheckpointRequest
-
-    path = os.path.join(directory, names.CHECKPOINT_REQUEST)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    request = CheckpointRequest.loads(data, path)
-    if request.expires < time.time():
-        return None
-    return request

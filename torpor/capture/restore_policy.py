@@ -12,15 +12,16 @@ host_namespaces`; a network namespace given with `--netns`). A root path elsewhe
 path with `..` are refused outright.
 
 `torpor restore` checks before anything is created and leaves what it granted in a record for
-torpor-runc, which checks again. A Kubernetes restore's spec is kubelet's, not the checkpoint's
-(containerd's CRI builds it from the CreateContainer request): torpor-runc leaves it to kubelet.
-Any other restore no torpor command granted (ctr, nerdctl) is checked by torpor-runc against the
-policy alone, unless this node sealed the very same requests at checkpoint time: torpor-runc
-checkpoint records an HMAC of the spec's requests under a key that never leaves the node
-(`<[image] store>/node.key`), so a container this node already ran with those requests (nerdctl
-restoring its own container, ctr restoring a checkpoint taken here) is not refused what it had,
-while a spec from elsewhere, or a tampered one, meets the policy. This lives in capture/ because
-torpor-runc, which imports only the ground floor and capture/, needs it.
+torpor-runc, which checks again: it leaves what it granted in the restore's own work directory
+(the --work-path torpor-runc is given). A Kubernetes restore's spec is kubelet's, not the
+checkpoint's (containerd's CRI builds it from the CreateContainer request): torpor-runc leaves it
+to kubelet. Any other restore no torpor command granted (ctr, nerdctl) is checked by torpor-runc
+against the policy alone, unless this node sealed the very same requests at checkpoint time:
+torpor-runc checkpoint records an HMAC of the spec's requests under a key that never leaves the
+node (`<[image] store>/node.key`), so a container this node already ran with those requests
+(nerdctl restoring its own container, ctr restoring a checkpoint taken here) is not refused what
+it had, while a spec from elsewhere, or a tampered one, meets the policy. This lives in capture/
+because torpor-runc, which imports only the ground floor and capture/, needs it.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def take_grant(record_dir: str) -> SpecRequests | None:
 def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
                      granted: SpecRequests | None, sealed_here: bool = False) -> None:
     """torpor-runc's check: what torpor restore granted, exactly; or requests this node sealed
-    at checkpoint time; or else the node's policy alone."""
+    at checkpoint time, or a Kubernetes restore (kubelet's spec); or else the policy alone."""
     if sealed_here or (granted is not None and granted == requests):
         return
     check(requests, policy)

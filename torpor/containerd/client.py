@@ -105,22 +105,48 @@ class Client:
     def _empty(self, method: str, request: Message, what: str, timeout: float | None = 60.0) -> None:
         self.call(method, request, empty_pb2.Empty, what, timeout)
 
-    @contextlib.contextmanager
-    def lease(self, expire_s: int = 3600) -> Iterator[str]:
-        """A lease for the duration of the block (and at most `expire_s` if we die)."""
+    def create_lease(self, expire_s: int = 3600) -> str:
+        """A new lease that containerd drops by itself after `expire_s` (should we die)."""
         lease_id = f"torpor-{int(time.time())}-{secrets.token_hex(4)}"
         expire = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + expire_s))
         self.call("/containerd.services.leases.v1.Leases/Create",
                   leases_pb2.CreateRequest(id=lease_id, labels={"containerd.io/gc.expire": expire}),
                   leases_pb2.CreateResponse, "create lease")
+        return lease_id
+
+    def delete_lease(self, lease_id: str, sync: bool = False) -> None:
+        """Drop a lease (gone already: fine); with `sync`, containerd collects what it held
+        before answering."""
+        try:
+            self._empty("/containerd.services.leases.v1.Leases/Delete",
+                        leases_pb2.DeleteRequest(id=lease_id, sync=sync), "delete lease")
+        except NotFound:
+            pass
+
+    def leases(self) -> list[str]:
+        return [lease.id for lease in self.call(
+            "/containerd.services.leases.v1.Leases/List", leases_pb2.ListRequest(),
+            leases_pb2.ListResponse, "list leases").leases]
+
+    @contextlib.contextmanager
+    def using_lease(self, lease_id: str) -> Iterator[str]:
+        """Calls in the block carry `lease_id` (from any thread)."""
         previous, self._lease = self._lease, lease_id
         try:
             yield lease_id
         finally:
             self._lease = previous
+
+    @contextlib.contextmanager
+    def lease(self, expire_s: int = 3600, sync: bool = False) -> Iterator[str]:
+        """A lease for the duration of the block (and at most `expire_s` if we die)."""
+        lease_id = self.create_lease(expire_s)
+        try:
+            with self.using_lease(lease_id):
+                yield lease_id
+        finally:
             with contextlib.suppress(ContainerdError):
-                self._empty("/containerd.services.leases.v1.Leases/Delete",
-                            leases_pb2.DeleteRequest(id=lease_id), "delete lease")
+                self.delete_lease(lease_id, sync)
 
     # Version and namespaces --------------------------------------------------------------------
 

@@ -34,11 +34,22 @@ RUNC_DESCRIPTORS = "descriptors.json"
 HIDDEN_DESCRIPTORS = "torpor-descriptors.json"
 
 # Per-container records under [runtime] state_dir (default /run/torpor)
-RECORDS_DIR = "containers"                       # <state_dir>/containers/<namespace>/<id>/
+RECORDS_DIR = "containers"                       # <state_dir>/containers/<namespace>/<id>.<key>/
 CHECKPOINT_REQUEST_FORMAT = "torpor.checkpoint-request.v1"
-CHECKPOINT_REQUEST = "checkpoint-request.json"   # `torpor checkpoint`'s options for torpor-runc
 RESTORE_PLAN = "restore-net.json"                # torpor-runc restore's network plan for the hook
 CRIU_RESTORE_CONFIG = "criu-restore.conf"        # CRIU options runc has no flag for (tcp-close)
+
+# Per-checkpoint journals under [runtime] state_dir (torpor.capture.journal)
+CHECKPOINTS_DIR = "checkpoints"                  # <state_dir>/checkpoints/<id>/
+CHECKPOINT_LOCKS_DIR = "locks"                   # <state_dir>/checkpoints/locks/<key>.lock
+JOURNAL_FORMAT = "torpor.checkpoint-journal.v1"
+JOURNAL = "journal.json"                         # what `torpor checkpoint` set out to do
+CHECKPOINT_REQUEST = "request.json"              # `torpor checkpoint`'s options for torpor-runc
+DECISION_FORMAT = "torpor.checkpoint-decision.v1"
+DECISION = "decision.json"                       # commit or abort, for CRIU's post-dump hook
+RUNTIME_RECORD_FORMAT = "torpor.checkpoint-runtime.v1"
+RUNTIME_RECORD = "runtime.json"                  # what torpor-runc froze
+PENDING_STATE = "state.pending.json"             # state.json, put in place after the dump
 
 # OCI image layouts
 OCI_LAYOUT_FILE = "oci-layout"

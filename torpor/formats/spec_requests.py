@@ -2,7 +2,8 @@
 host mounts, devices, capabilities beyond the defaults, namespaces shared with the host or joined
 by path, and the cgroup path. `torpor inspect` shows it; `torpor restore` checks it against the
 node's policy (torpor.capture.restore_policy) and leaves what it granted for torpor-runc in a
-grant record (`<state_dir>/containers/<ns>/<id>/restore-grant.json`). Stdlib only.
+grant record (`<state_dir>/restore-work/<restore>/restore-grant.json`, in the work directory
+of that one restore). Stdlib only.
 
 torpor's own hooks (args[0] "torpor-hook") are not requests: torpor-runc replaces them with this
 node's own, whatever path the checkpoint gave them.

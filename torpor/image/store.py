@@ -1,13 +1,20 @@
 """torpor's local checkpoint images: OCI layouts under `[image] store`/images, one per
 reference, and scratch space for checkpoints being built or restored.
 
-    /var/lib/torpor/images/<sha256(ref)[:20]>/ref       the reference, as the user gave it
-    /var/lib/torpor/images/<sha256(ref)[:20]>/layout/   an OCI image layout holding the image
-    /var/lib/torpor/scratch/<random>/                   work directories, removed after use
+    /var/lib/torpor/images/<sha256(ref)[:20]>/ref          the reference, as the user gave it
+    /var/lib/torpor/images/<sha256(ref)[:20]>/layout       -> versions/<v>, the current layout
+    /var/lib/torpor/images/<sha256(ref)[:20]>/versions/<v>/  OCI image layouts
+    /var/lib/torpor/scratch/<name>/                         work directories, removed after use
+
+An entry changes only by writing a new version beside the current one and switching the
+`layout` link to it (a rename: readers see the old layout or the new, whole): a pull, a
+checkpoint or an import that fails leaves the previous copy exactly as it was. Versions no
+link names (left by a crash) are removed by `sweep`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torpor.atomicfile import write_atomic
 from torpor.errors import ImageError
+
+VERSIONS = "versions"
+WRITERS = ".writers.lock"
+SWITCH = ".switch.lock"
 
 
 @dataclass(frozen=True)
@@ -50,8 +62,43 @@ class Store:
         except OSError:
             return False
 
+    @contextmanager
+    def staging(self, ref: str) -> Iterator[Path]:
+        """A new, empty layout directory for `ref`, beside its current one: it becomes the
+        entry when the block ends (atomically replacing the previous one); on an exception
+        it is removed and the previous entry is left as it was."""
+        entry = self._open_entry(ref)
+        with _locked(entry, WRITERS, fcntl.LOCK_SH):
+            version = entry / VERSIONS / secrets.token_hex(8)
+            version.mkdir(mode=0o700, parents=True)
+            try:
+                yield version
+                self._switch(entry, version)
+            except BaseException:
+                shutil.rmtree(version, ignore_errors=True)
+                self._drop_if_empty(entry)
+                raise
+
+    def install(self, ref: str, layout: Path) -> Path:
+        """Make the complete layout at `layout` (in this store's scratch space) the entry of
+        `ref`, atomically; returns its new path."""
+        entry = self._open_entry(ref)
+        with _locked(entry, WRITERS, fcntl.LOCK_SH):
+            version = entry / VERSIONS / secrets.token_hex(8)
+            version.parent.mkdir(mode=0o700, exist_ok=True)
+            try:
+                os.rename(layout, version)
+                self._switch(entry, version)
+            except BaseException:
+                if version.exists():
+                    shutil.rmtree(version, ignore_errors=True)
+                self._drop_if_empty(entry)
+                raise
+        return entry / "layout"
+
     def prepare(self, ref: str) -> Path:
-        """A fresh layout directory for `ref` (replacing an older one)."""
+        """A fresh layout directory for `ref`, replacing an older one at once. Prefer
+        `staging`, which keeps the older one until the new one is whole."""
         entry = self._entry(ref)
         shutil.rmtree(entry, ignore_errors=True)
         entry.mkdir(mode=0o700, parents=True)
@@ -72,16 +119,97 @@ class Store:
             except (OSError, ValueError):
                 continue
             top = (index.get("manifests") or [{}])[0]
-            size = sum(f.stat().st_size for f in (entry / "layout").rglob("*") if f.is_file())
+            layout = (entry / "layout").resolve()
+            size = sum(f.stat().st_size for f in layout.rglob("*") if f.is_file())
             out.append(StoreEntry(ref, str(top.get("digest", "")), size, str(entry / "layout")))
         return out
 
     @contextmanager
     def scratch(self) -> Iterator[Path]:
-        path = self.root / "scratch" / secrets.token_hex(8)
-        path.mkdir(mode=0o700, parents=True)
-        os.chmod(self.root / "scratch", 0o700)
+        path = self.scratch_dir(secrets.token_hex(8))
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def scratch_dir(self, name: str) -> Path:
+        """A new scratch directory of that name (the caller removes it)."""
+        (self.root / "scratch").mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root / "scratch", 0o700)
+        path = self.root / "scratch" / name
+        path.mkdir(mode=0o700)
+        return path
+
+    def sweep(self) -> list[str]:
+        """Remove versions that no entry's link names, and entries left without a layout
+        (both left by a crash mid-change); what was removed."""
+        removed = []
+        for entry in sorted((self.root / "images").glob("*")):
+            with _locked(entry, WRITERS, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
+                if fd is None:
+                    continue  # someone is writing a version now
+                current = _current(entry)
+                for version in sorted((entry / VERSIONS).glob("*")):
+                    if version.name != current:
+                        shutil.rmtree(version, ignore_errors=True)
+                        removed.append(str(version))
+                if current is None and not (entry / "layout").exists():
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(str(entry))
+        return removed
+
+    # Changing an entry -----------------------------------------------------------------------
+
+    def _open_entry(self, ref: str) -> Path:
+        entry = self._entry(ref)
+        entry.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not (entry / "ref").exists():
+            write_atomic(str(entry / "ref"), ref.encode(), mode=0o600)
+        return entry
+
+    def _switch(self, entry: Path, version: Path) -> None:
+        """Point entry/layout at `version` (one rename), then remove what it pointed at."""
+        with _locked(entry, SWITCH, fcntl.LOCK_EX):
+            link = entry / "layout"
+            old: Path | None = None
+            if link.is_symlink():
+                old = entry / VERSIONS / os.path.basename(os.readlink(link))
+            elif link.exists():  # an entry written by an older torpor: a plain directory
+                old = entry / VERSIONS / f"old-{secrets.token_hex(4)}"
+                os.rename(link, old)
+            tmp = entry / f".layout-{secrets.token_hex(4)}"
+            os.symlink(f"{VERSIONS}/{version.name}", tmp)
+            os.rename(tmp, link)
+            if old is not None and old != version:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _drop_if_empty(self, entry: Path) -> None:
+        """A first version that failed: leave no entry behind."""
+        if not (entry / "layout").exists() and not any((entry / VERSIONS).glob("*")):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _current(entry: Path) -> str | None:
+    link = entry / "layout"
+    return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+
+@contextmanager
+def _locked(entry: Path, name: str, operation: int) -> Iterator[int | None]:
+    """An flock on one of the entry's lock files: WRITERS, shared by those writing a version
+    and exclusive for a sweep; SWITCH, so that two writers switch one after the other. Yields
+    None when LOCK_NB was asked and someone holds it."""
+    try:
+        fd = os.open(entry / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)

@@ -4,12 +4,15 @@ with -o DIR).
 Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint
 within the limits of `[restore]`, that the decryption keys (if any) open every encrypted layer
 and that the layers fit on disk; 2. download every layer (in parallel, resuming dropped
-transfers, each digest-checked) into the layout; 3. with decryption keys: decrypt the layers in
-the layout (image.encrypt_layout.decrypt_layout), each checked before anything changes.
+transfers, each digest-checked) into a new layout beside the store's current copy of REF; 3.
+with decryption keys: decrypt the layers in the layout (image.encrypt_layout.decrypt_layout),
+each checked before anything changes; 4. the new layout replaces the store's copy of REF in one
+rename: a failed pull leaves the previous copy as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +48,13 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
         if keys:
             unpack.check_keys(image, keys)
         check_download_space(plan, cfg)
-        layout = out or str(store.prepare(ref))
         progress.step(f"downloading {len(plan.layers)} layers")
-        result = plan.download(layout, progress=progress.transfer("downloaded"))
-    if keys and image.encrypted:
-        progress.step("decrypting the layers")
-        encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
+        with contextlib.ExitStack() as staged:
+            layout = out or str(staged.enter_context(store.staging(ref)))
+            result = plan.download(layout, progress=progress.transfer("downloaded"))
+            if keys and image.encrypted:
+                progress.step("decrypting the layers")
+                encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
+        layout = out or str(store.layout(ref))  # switched in: the new copy, whole
     return PullResult(str(result.reference), layout, image.metadata.container.id,
                       result.downloaded, result.bytes_downloaded, image.encrypted and not keys)

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torpor.capture import pod, records, restore_policy
+from torpor.capture import pod, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd import runtime as runc_runtime
@@ -184,10 +184,11 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace)
-                layout = str(store.prepare(source))
                 progress.step(f"downloading {len(plan.layers)} layers")
                 t = time.monotonic()
-                plan.download(layout, progress=progress.transfer("downloaded"))
+                with store.staging(source) as staged:  # the previous copy stays till it is whole
+                    plan.download(staged, progress=progress.transfer("downloaded"))
+                layout = str(store.layout(source))
                 timings["pull_s"] = time.monotonic() - t
         else:
             if kind is SourceKind.STORE:
@@ -244,7 +245,6 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
                           systemd_cgroup=original.runtime.systemd_cgroup)
     work = os.path.join(cfg.runtime_state_dir, "restore-work",
                         f"{client.namespace}-{name}-{secrets.token_hex(16)}")
-    record = records.containerd_record_dir(cfg.runtime_state_dir, client.namespace, name)
     log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
     with contextlib.ExitStack() as undo, client.lease():
         if approved.own_files:  # the sandbox files torpor made for it (approve)
@@ -269,7 +269,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         # 8. the task, from the CRIU images, with what the policy granted
         os.makedirs(work, mode=0o700, exist_ok=True)
         undo.callback(shutil.rmtree, work, True)
-        grant = restore_policy.write_grant(record, approved.requests)
+        grant = restore_policy.write_grant(work, approved.requests)  # torpor-runc's --work-path
         undo.callback(_quietly, os.unlink, grant)
         progress.step("restoring the task (torpor-runc, CRIU)")
         t0 = time.monotonic()

@@ -7,6 +7,13 @@ from torpor.image.store import Store, StoreEntry
 
 
 def ls(cfg: Config) -> list[StoreEntry]:
+    """The local images, once checkpoints a crash interrupted are finished (torpor recover)."""
+    from torpor.ops import recover
+
+    try:
+        recover.recover(cfg)
+    except OSError:  # not ours to finish (another user's state dir): list what is there
+        pass
     return Store(cfg.image_store).entries()
 
 

@@ -2,9 +2,10 @@
 size and digest are what the descriptor says.
 
 The temporary file sits beside its final name (`blobs/sha256/.<hex>.<random>.partial`, 0600)
-and is removed on any failure, so a failed download leaves nothing. A dropped connection resumes
-with `Range: bytes=<offset>-`; a registry that answers 200 instead of 206 is read from the start.
-A body longer or shorter than the descriptor's size is an error.
+and is removed on any failure, so a failed download leaves nothing. A dropped connection (an
+error, or a body that ends before its Content-Length) resumes from the bytes already received
+and hashed, with `Range: bytes=<offset>-`; a registry that answers 200 instead of 206 is read
+from the start. A body longer or shorter than the descriptor's size is an error.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: io.BufferedWriter
                 out.truncate()
                 hasher, written = new_hasher(blob.digest), 0
             declared = response.header("Content-Length")
-            if declared and declared.isdigit() and written + int(declared) > blob.size:
+            end = written + int(declared) if declared and declared.isdigit() else None
+            if end is not None and end > blob.size:
                 response.discard()
-                raise _too_long(what, written + int(declared), blob.size)
+                raise _too_long(what, end, blob.size)
             for chunk in response.iter_chunks():
                 if written + len(chunk) > blob.size:
                     response.discard()
@@ -70,6 +72,9 @@ def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: io.BufferedWriter
                 written += len(chunk)
                 report(written)
             response.close()
+            if end is not None and written < end:  # the connection dropped mid-body
+                raise TransientError(f"the connection to the registry dropped during {what} "
+                                     f"after {written} of {blob.size} bytes")
             break
         except TransientError:
             delay = next(delays, None)

@@ -72,7 +72,8 @@ class Response:
             return
         if not self._answer.isclosed() and self._answer.length == 0:
             self._answer.read()  # a HEAD or empty answer: nothing to read, marks it complete
-        if self._answer.isclosed() and not self._answer.will_close:
+        # closed by its end, not by a drop that left declared bytes unread
+        if self._answer.isclosed() and not self._answer.will_close and not self._answer.length:
             self._held = False
             self._release(True)
         else:

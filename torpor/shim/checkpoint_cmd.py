@@ -3,20 +3,27 @@
 The steps, in order; each undoes itself if a later one fails (an ExitStack), so a failed or
 interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
 
- 1. read the container (runc state, its spec, its cgroup) and the request `torpor checkpoint`
-    left in the state dir (else the annotations, else the config); a request may send CRIU's
-    images to its own directory instead of the one containerd made; kubelet's checkpoint of a
-    pod's container (no request) gets Kubernetes' defaults (capture/pod.py);
+ 1. read the container (runc state, its spec, its cgroup) and what the caller asked: a
+    `torpor checkpoint` names its journal through --work-path (torpor.capture.journal), whose
+    request sends CRIU's images to its own directory and chooses the files; without one, the
+    annotations, else the config; kubelet's checkpoint of a pod's container (no request) gets
+    Kubernetes' defaults (capture/pod.py). One checkpoint of a container at a time;
  2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
     undo: restore and unlock. The container must not be frozen while this runs;
  3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
  4. freeze the container (unless containerd already paused it), so that the files saved next
     match the memory CRIU dumps; undo: thaw;
  5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
- 6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container;
- 7. write torpor-state.json, the CRIU options in force included, so restore can put them back;
-    in a pod, runc's descriptors.json becomes torpor's, so only torpor-runc restores it;
+ 6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container. For a
+    `torpor checkpoint` that stops the container, CRIU's post-dump hook (torpor.shim.post_dump)
+    holds the container until that `torpor` has written the whole checkpoint: commit, and CRIU
+    stops it; abort (or that `torpor` dies), and CRIU lets it run on;
+ 7. write torpor-state.json, the CRIU options in force included, so restore can put them back
+    (the post-dump hook writes it in the two-phase stop, before the checkpoint is written); in
+    a pod, runc's descriptors.json becomes torpor's, so only torpor-runc restores it;
  8. with --leave-running: thaw (if we froze), then GPU restore and unlock.
+
+runc's own output, error or not, reaches the caller verbatim, after torpor's reason.
 """
 
 from __future__ import annotations
@@ -25,16 +32,20 @@ import contextlib
 import os
 import subprocess
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torpor
-from torpor.capture import files, netns, pod, processes, records
+from torpor.capture import files, netns, pod, processes
+from torpor.capture import journal as journals
 from torpor.capture.freezer import Cgroup, frozen
-from torpor.errors import CriuError
+from torpor.capture.journal import ContainerLock, Journal
+from torpor.errors import CheckpointError, CriuError
+from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.gpu import GpuState
-from torpor.formats.oci import OciSpec
-from torpor.shim import criu_log, interrupt, runc, spec
+from torpor.formats.journal import RuntimeRecord
+from torpor.shim import criu_log, interrupt, post_dump, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
 from torpor.shim.guardian import Guardian, Pending
@@ -42,33 +53,65 @@ from torpor.shim.guardian import Guardian, Pending
 if TYPE_CHECKING:
     from torpor.shim.main import Context
 
+CONTAINERD_MARKER = "torpor-checkpoint"  # in containerd's own image directory, see _mark
+
 
 def run(ctx: Context) -> int:
     inv = ctx.inv
     if inv.has("help", "h") or inv.has("pre-dump") or not inv.container_id:
         runc_exec(ctx)  # runc answers help, pre-dumps and missing arguments itself
     container_id = inv.container_id or ""
+    state_dir = ctx.cfg.runtime_state_dir
     started = time.monotonic()
     timings: dict[str, float] = {}
 
-    # 1. the container and the request
-    current = runc.state(ctx.runtime, inv, container_id)
+    # 1. the checkpoint's journal, the container and the request
+    journal = Journal.of_work_path(state_dir, inv.flag("work-path"))
+    runtime_lock = journals.lock(journal.file(journals.RUNTIME_LOCK), wait=True) \
+        if journal else None
+    if journal is not None and journal.marked(journals.CANCELLED):
+        raise CheckpointError(f"checkpoint {journal.id} was called off by the torpor that "
+                              "asked for it; the container was not touched")
+    try:
+        current = runc.state(ctx.runtime, inv, container_id)
+    except CheckpointError:
+        journals.unlock(runtime_lock)
+        runc_exec(ctx)  # no such container (or runc cannot say): runc answers, in its words
+        raise
     pid, bundle = current.pid, current.bundle
+    lock = ContainerLock.acquire(state_dir, bundle, "runtime", container_id,
+                                 f"torpor-runc pid {os.getpid()}")
+    try:
+        return _checkpoint(ctx, inv, journal, container_id, pid, bundle, started, timings)
+    finally:
+        lock.release()
+        journals.unlock(runtime_lock)
+
+
+def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, container_id: str,
+                pid: int, bundle: str, started: float, timings: dict[str, float]) -> int:
     config = spec.load(bundle)
-    request = records.take_request(records.record_dir(ctx.cfg.runtime_state_dir, bundle,
-                                                      container_id))
-    image_path = ((request.image_path if request else None) or inv.flag("image-path")
+    request = journal.read_request() if journal else None
+    given_path = inv.flag("image-path")
+    image_path = ((request.image_path if request else None) or given_path
                   or os.path.join(os.getcwd(), "checkpoint"))
     argv = inv.with_flag_value("image-path", image_path) if request and request.image_path \
         else inv.argv
     kubelet = request is None and pod.in_pod(config)
     argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet))
     criu = criu_options(Invocation(argv))
+    two_phase = journal is not None and not criu.leave_running
+    if journal is not None and given_path and os.path.abspath(given_path) != image_path:
+        _mark(given_path, journal.id)
     os.makedirs(image_path, mode=0o700, exist_ok=True)
     policy = files.choose_policy(request, config, ctx.cfg, in_pod=kubelet)
     cgroup = Cgroup.of_pid(pid)
+    if journal is not None:
+        journal.write_runtime_record(RuntimeRecord(
+            pid=os.getpid(), init_pid=pid, cgroup=cgroup.path, cgroup_version=cgroup.version,
+            froze=not cgroup.is_frozen()))
 
-    guardian = Guardian().start(lambda s: rollback(ctx, s))
+    guardian = Guardian().start(lambda s: rollback(ctx, s, journal))
     with contextlib.ExitStack() as undo, interrupt.interruptible():
         undo.callback(guardian.release)
         # 2. GPU
@@ -90,32 +133,64 @@ def run(ctx: Context) -> int:
             t = time.monotonic()
             saved = files.save(pid, config, policy, image_path, ctx.log)
             timings["files_s"] = time.monotonic() - t
+            state = container_state.ContainerState(
+                torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
+                criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
+                timings={**timings, "total_s": time.monotonic() - started},
+                frozen_by_torpor=we_froze, spec_seal=seal_of(ctx, config))
+            env = None
+            if two_phase and journal is not None:
+                journal.mark(names.PENDING_STATE, state.dumps().decode())
+                env = post_dump.install(journal)
             t = time.monotonic()
-            code, output = run_runc(ctx, argv, guardian)
+            code, output, errors = run_runc(ctx, argv, guardian, env)
             timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
         if code != 0:
-            reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
-            error = CriuError(f"runc checkpoint failed (exit {code})"
-                              + (f": {reason}" if reason else ""), log_path=log_path,
-                              hint=f"CRIU's log: {log_path}" if log_path else None)
-            error.runtime_output = output
-            raise error
+            raise _runc_failed(inv, journal, two_phase, code, output + errors)
         os.write(1, output)
+        os.write(2, errors)
 
         # 7. torpor-state.json, last: its presence means torpor-runc finished
-        if kubelet:
-            pod.hide_descriptors(image_path)
-        container_state.write(image_path, container_state.ContainerState(
-            torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
-            criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
-            timings={**timings, "total_s": time.monotonic() - started},
-            frozen_by_torpor=we_froze, spec_seal=seal_of(ctx, config)))
+        if not two_phase:
+            if kubelet:
+                pod.hide_descriptors(image_path)
+            container_state.write(image_path, replace(
+                state, timings={**timings, "total_s": time.monotonic() - started}))
         if not criu.leave_running:
             undo.pop_all()  # the container is gone: nothing to thaw or resume
             guardian.release()
         # 8. leaving the block restores and unlocks the GPUs (leave-running)
     return 0
+
+
+def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool, code: int,
+                 output: bytes) -> CriuError:
+    """The error for a failed `runc checkpoint`: torpor's reason, then runc's words verbatim."""
+    if journal is not None and two_phase and journal.marked(journals.DUMPED):
+        decision = journal.decision()
+        why = decision.reason if decision and decision.reason else \
+            "the torpor that asked for it is gone"
+        error = CriuError(f"checkpoint {journal.id} was called off after CRIU's dump ({why}); "
+                          "CRIU let the container run on")
+    else:
+        reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
+        if journal is not None:  # the journal goes; containerd's shim keeps a copy (path=)
+            log_path = None
+        error = CriuError(f"runc checkpoint failed (exit {code})"
+                          + (f": {reason}" if reason else ""), log_path=log_path,
+                          hint=f"CRIU's log: {log_path}" if log_path else None)
+    error.runtime_output = output
+    return error
+
+
+def _mark(containerd_dir: str, checkpoint_id: str) -> None:
+    """containerd tars the image directory it made and stores it as content, even when CRIU's
+    images went elsewhere: one small file makes that tar this checkpoint's own, so that two
+    checkpoints never write the same (empty) blob at once ("content ... already exists")."""
+    marker = os.path.join(containerd_dir, CONTAINERD_MARKER)
+    with contextlib.suppress(OSError), open(marker, "w") as f:
+        f.write(checkpoint_id + "\n")
 
 
 def seal_of(ctx: Context, config: OciSpec) -> str:
@@ -127,28 +202,33 @@ def seal_of(ctx: Context, config: OciSpec) -> str:
     return restore_policy.seal(restore_policy.node_key(ctx.cfg), SpecRequests.of(config))
 
 
-def run_runc(ctx: Context, argv: list[str], guardian: Guardian) -> tuple[int, bytes]:
-    """`runc checkpoint` with the caller's argv; its exit status and output. An interrupt waits
-    for it (CRIU must finish). The output is held back: on failure, torpor's reason goes first,
-    because containerd shows the first line."""
+def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
+             env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    """`runc checkpoint` with the caller's argv: its exit status, stdout and stderr. An
+    interrupt waits for it (CRIU must finish). The output is held back: on failure, torpor's
+    reason goes first, because containerd shows the first line."""
     proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     guardian.tell(runc_pid=proc.pid)
     interrupted = False
-    output = b""
+    output, errors = b"", b""
     while True:
         try:
-            output, _ = proc.communicate()
+            output, errors = proc.communicate()
             break
         except interrupt.Interrupted:
             interrupted = True
     if interrupted:
         raise interrupt.Interrupted("interrupted during runc checkpoint")
-    return proc.returncode, output
+    return proc.returncode, output, errors
 
 
-def rollback(ctx: Context, pending: Pending) -> None:
-    """In the guardian, after torpor-runc died: thaw what we froze, resume the GPUs."""
+def rollback(ctx: Context, pending: Pending, journal: Journal | None) -> None:
+    """In the guardian, after torpor-runc died: thaw what we froze, resume the GPUs; nothing
+    once the checkpoint committed (CRIU stopped the container)."""
+    decision = journal.decision() if journal is not None else None
+    if decision is not None and decision.commit:
+        return
     if pending.cgroup and pending.thaw:
         with contextlib.suppress(OSError):
             Cgroup(pending.cgroup, pending.cgroup_version).thaw()

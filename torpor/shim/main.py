@@ -122,7 +122,8 @@ def _fail(argv: list[str], error: BaseException) -> int:
             # the shim reports the first line of these commands' output, not the log
             sys.stderr.write(f"torpor: {' '.join(str(error).split())}\n")
             sys.stderr.flush()
-            os.write(2, getattr(error, "runtime_output", b""))
+        # runc's own words, verbatim, after torpor's (runc wrote them to --log itself)
+        os.write(2, getattr(error, "runtime_output", b""))
         return error.exit_code
     if isinstance(error, KeyboardInterrupt):
         log.error("interrupted")

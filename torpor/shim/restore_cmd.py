@@ -122,8 +122,10 @@ def run(ctx: Context) -> int:
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
         state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
             restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
+    work = granting_work_dir(ctx)
     restore_policy.check_in_runtime(requests, restore_policy.RestorePolicy.of(ctx.cfg),
-                                    restore_policy.take_grant(record), sealed_here=sealed)
+                                    restore_policy.take_grant(work) if work else None,
+                                    sealed_here=sealed)
     changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
                                                              ctx.cfg.runtime_state_dir))
     if state is None:
@@ -138,8 +140,7 @@ def run(ctx: Context) -> int:
     plan_path = os.path.join(record, names.RESTORE_PLAN)
     criu_config = os.path.join(record, names.CRIU_RESTORE_CONFIG)
     with contextlib.ExitStack() as undo:
-        undo.callback(_unlink, plan_path)
-        undo.callback(_unlink, criu_config)
+        undo.callback(records.remove_record, record)  # nothing of a failed restore stays
         # 5. network, 6. files
         if prepare_network(config, state, plan_path, criu_config):
             changed = _use_criu_config(ctx, config, criu_config) or changed
@@ -162,10 +163,20 @@ def run(ctx: Context) -> int:
             pid = _read_pid(inv.flag("pid-file"))
             session.resume_after_restore(ctx.cfg, state.gpu, Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
-    _unlink(plan_path)
-    _unlink(criu_config)
+    records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
     return 0
+
+
+def granting_work_dir(ctx: Context) -> str | None:
+    """Where `torpor restore` left its grant: the work directory it made for this one restore
+    (`<state_dir>/restore-work/...`), which containerd passes on as --work-path; never a
+    directory shared by two restores or two containerd instances."""
+    work = ctx.inv.flag("work-path")
+    root = os.path.abspath(os.path.join(ctx.cfg.runtime_state_dir, "restore-work"))
+    if work and os.path.dirname(os.path.abspath(work)) == root:
+        return work
+    return None
 
 
 def drop_containerd_copy(image_path: str) -> None:
@@ -213,8 +224,3 @@ def _kill_on_failure(ctx: Context, container_id: str) -> None:
         import subprocess
 
         subprocess.run(argv, capture_output=True)
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

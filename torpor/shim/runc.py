@@ -24,9 +24,26 @@ def global_args(inv: Invocation) -> list[str]:
     return inv.argv[1:inv.command_index]
 
 
+def query_args(inv: Invocation) -> list[str]:
+    """The global flags for torpor's own queries: the caller's, less --log and --log-format (a
+    query that fails must not write into the caller's log: runc's answer to the caller's
+    command goes there)."""
+    args, out, skip = global_args(inv), [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.lstrip("-").split("=", 1)[0]
+        if arg.startswith("-") and name in ("log", "log-format"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
 def state(runtime: str, inv: Invocation, container_id: str) -> RuncState:
     """`runc state ID`: pid, bundle, status and rootfs of the container."""
-    cmd = [runtime, *[a for a in global_args(inv)], "state", container_id]
+    cmd = [runtime, *query_args(inv), "state", container_id]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise CheckpointError(f"runc state {container_id} failed: "

@@ -1,0 +1,321 @@
+"""Per-checkpoint journal directories under the state dir: what one `torpor checkpoint` asked,
+how far it got, and who is still working on it. Nothing here is shared between two checkpoints,
+of one container or of two.
+
+    <state_dir>/checkpoints/<id>/        0700; removed when the checkpoint ends, or by a recovery
+        journal.json          the CLI's record: container, target, step reached
+        request.json          what torpor-runc is asked to do (formats.request)
+        owner.lock            flock held by the `torpor` that runs the checkpoint, while it lives
+        decision.lock         flock held by that `torpor` until it has decided
+        decision.json         commit or abort, read by CRIU's post-dump hook (shim.post_dump)
+        runtime.lock          flock held by torpor-runc and its guardian while they work
+        runtime.json          the cgroup torpor-runc froze
+        cancelled             the CLI gave up before torpor-runc began: torpor-runc refuses
+        state.pending.json    torpor-runc's state.json, put in place once CRIU has dumped
+        dumped                written by the post-dump hook: CRIU's images are complete
+        criu.conf, post-dump  CRIU's configuration and action script for the two-phase stop
+        work/                 CRIU's work directory (dump.log)
+    <state_dir>/checkpoints/locks/<key>.lock
+        held by the `torpor` checkpointing one container (containerd address, namespace, id)
+
+flock locks vanish with their holder, SIGKILL included, so "is the owner alive" is never a
+guess from a pid. Stdlib and torpor.formats only: torpor-runc and CRIU's hook import it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import secrets
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+from torpor.atomicfile import write_atomic
+from torpor.errors import CheckpointError, FormatError
+from torpor.formats import names
+from torpor.formats.journal import CheckpointJournal, Decision, RuntimeRecord
+
+if TYPE_CHECKING:
+    from torpor.formats.request import CheckpointRequest
+
+OWNER_LOCK = "owner.lock"
+DECISION_LOCK = "decision.lock"
+RUNTIME_LOCK = "runtime.lock"
+CANCELLED = "cancelled"
+DUMPED = "dumped"
+WORK_DIR = "work"
+
+
+def checkpoints_dir(state_dir: str) -> str:
+    return os.path.join(state_dir, names.CHECKPOINTS_DIR)
+
+
+def new_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+class Journal:
+    """One checkpoint's journal directory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @property
+    def id(self) -> str:
+        return os.path.basename(self.path)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    @property
+    def work_dir(self) -> str:
+        return self.file(WORK_DIR)
+
+    @classmethod
+    def create(cls, state_dir: str, record: CheckpointJournal) -> tuple[Journal, int, int]:
+        """The new journal, with its owner and decision locks held (their fds): it appears
+        under its name, renamed in, only once they are, so no recovery takes it for dead."""
+        root = checkpoints_dir(state_dir)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        building = cls(os.path.join(root, f".{record.id}.new"))
+        os.mkdir(building.path, 0o700)
+        try:
+            os.mkdir(building.work_dir, 0o700)
+            owner = lock(building.file(OWNER_LOCK))
+            deciding = lock(building.file(DECISION_LOCK))
+            assert owner is not None and deciding is not None
+            building.write(record)
+            journal = cls(os.path.join(root, record.id))
+            os.rename(building.path, journal.path)
+        except BaseException:
+            shutil.rmtree(building.path, ignore_errors=True)
+            raise
+        return journal, owner, deciding
+
+    @classmethod
+    def of_work_path(cls, state_dir: str, work_path: str | None) -> Journal | None:
+        """The journal whose work directory torpor-runc was given, if it is one;
+        CheckpointError when it names a journal that is gone (its checkpoint was called off:
+        doing it anyway would stop the container with nobody to finish the checkpoint)."""
+        if not work_path:
+            return None
+        work = os.path.abspath(work_path)
+        root = os.path.abspath(checkpoints_dir(state_dir))
+        if os.path.basename(work) != WORK_DIR or os.path.dirname(os.path.dirname(work)) != root:
+            return None
+        journal = cls(os.path.dirname(work))
+        if not os.path.isfile(journal.file(names.JOURNAL)):
+            raise CheckpointError(f"checkpoint {journal.id} was called off by the torpor that "
+                                  "asked for it; the container was not touched")
+        return journal
+
+    # The files ----------------------------------------------------------------------------------
+
+    def read(self) -> CheckpointJournal:
+        return CheckpointJournal.loads(_read(self.file(names.JOURNAL)), self.file(names.JOURNAL))
+
+    def write(self, record: CheckpointJournal) -> None:
+        write_atomic(self.file(names.JOURNAL), record.dumps(), mode=0o600)
+
+    def write_request(self, request: CheckpointRequest) -> None:
+        write_atomic(self.file(names.CHECKPOINT_REQUEST), request.dumps(), mode=0o600)
+
+    def read_request(self) -> CheckpointRequest:
+        from torpor.formats.request import CheckpointRequest
+
+        path = self.file(names.CHECKPOINT_REQUEST)
+        return CheckpointRequest.loads(_read(path), path)
+
+    def decide(self, decision: Decision) -> None:
+        write_atomic(self.file(names.DECISION), decision.dumps(), mode=0o600)
+
+    def decision(self) -> Decision | None:
+        path = self.file(names.DECISION)
+        try:
+            return Decision.loads(_read(path), path)
+        except (FileNotFoundError, FormatError):
+            return None
+
+    def write_runtime_record(self, record: RuntimeRecord) -> None:
+        write_atomic(self.file(names.RUNTIME_RECORD), record.dumps(), mode=0o600)
+
+    def runtime_record(self) -> RuntimeRecord | None:
+        path = self.file(names.RUNTIME_RECORD)
+        try:
+            return RuntimeRecord.loads(_read(path), path)
+        except (FileNotFoundError, FormatError):
+            return None
+
+    def mark(self, name: str, text: str = "") -> None:
+        write_atomic(self.file(name), text.encode(), mode=0o600)
+
+    def marked(self, name: str) -> bool:
+        return os.path.exists(self.file(name))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def journals(state_dir: str) -> list[Journal]:
+    """Every checkpoint journal on this node, oldest first."""
+    root = checkpoints_dir(state_dir)
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    return [Journal(os.path.join(root, e)) for e in entries if e != names.CHECKPOINT_LOCKS_DIR
+            and not e.startswith(".") and os.path.isdir(os.path.join(root, e))]
+
+
+def sweep_unborn(state_dir: str, older_than_s: float = 60.0) -> list[str]:
+    """Remove journals a crash left half-made (never renamed in)."""
+    root = checkpoints_dir(state_dir)
+    try:
+        entries = [e for e in os.listdir(root) if e.startswith(".") and e.endswith(".new")]
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        path = os.path.join(root, entry)
+        try:
+            young = time.time() - os.stat(path).st_mtime < older_than_s
+        except FileNotFoundError:
+            continue
+        if not young and not is_locked(os.path.join(path, OWNER_LOCK)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+# Locks ----------------------------------------------------------------------------------------
+
+def lock(path: str, wait: bool = False) -> int | None:
+    """An exclusive flock on `path` (created 0600); its fd, or None when someone holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def is_locked(path: str) -> bool:
+    """Whether someone holds `path`'s lock (a missing file is not locked)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def wait_unlocked(path: str, timeout: float, poll: float = 0.02) -> bool:
+    """Wait until nobody holds `path`'s lock; False if someone still does after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while is_locked(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
+class ContainerLock:
+    """Held by the one `torpor checkpoint` of a container; a second one is refused, naming it."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def acquire(cls, state_dir: str, address: str, namespace: str, container_id: str,
+                holder: str) -> ContainerLock:
+        root = os.path.join(checkpoints_dir(state_dir), names.CHECKPOINT_LOCKS_DIR)
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        key = hashlib.sha256(f"{os.path.realpath(address)}\0{namespace}\0{container_id}"
+                             .encode()).hexdigest()[:24]
+        path = os.path.join(root, f"{key}.lock")
+        while True:
+            fd = lock(path)
+            if fd is None:
+                try:
+                    busy = _read(path).decode(errors="replace").strip()
+                except OSError:
+                    busy = ""
+                raise CheckpointError(
+                    f"container {container_id} is already being checkpointed"
+                    + (f" ({busy})" if busy else ""),
+                    hint="wait for that checkpoint to end, then try again")
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a file its last holder unlinked while we opened it
+                os.ftruncate(fd, 0)
+                os.write(fd, holder.encode())
+                return cls(path, fd)
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.unlink(self.path)  # before unlocking: a waiter never locks a dead file
+            except FileNotFoundError:
+                pass
+            unlock(self.fd)
+            self.fd = -1
+
+
+def sweep_container_locks(state_dir: str) -> list[str]:
+    """Remove the container locks that nobody holds (their `torpor` was killed)."""
+    root = os.path.join(checkpoints_dir(state_dir), names.CHECKPOINT_LOCKS_DIR)
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        path = os.path.join(root, entry)
+        fd = lock(path)
+        if fd is None:
+            continue
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)
+                removed.append(path)
+        except FileNotFoundError:
+            pass
+        finally:
+            unlock(fd)
+    return removed
+
+
+def hold(state_dir: str, step: str) -> None:
+    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests act here:
+    kill, fill a disk, restart containerd). Costs one stat when unused."""
+    marker = os.path.join(state_dir, "test-hold", step)
+    if not os.path.exists(marker):
+        return
+    write_atomic(marker + ".pid", str(os.getpid()).encode(), mode=0o600)
+    deadline = time.monotonic() + 120
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,31 @@
+"""torpor recover: finish what crashed or killed checkpoints left (torpor.ops.recover)."""
+
+from __future__ import annotations
+
+import click
+
+from torpor import config
+from torpor.cli.output import emit_json, table
+from torpor.ops import recover
+
+
+@click.command("recover")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+def recover_command(as_json: bool) -> None:
+    """Finish checkpoints a crashed or killed torpor left.
+
+    A checkpoint that was complete is kept (its container was stopped); one that was not is
+    removed, and its container runs on. Checkpoints still running are left alone.
+    """
+    done = recover.recover(config.load())
+    if as_json:
+        emit_json([r.to_json() for r in done])
+        return
+    if not done:
+        click.echo("nothing to recover")
+        return
+    click.echo(table(["CHECKPOINT", "CONTAINER", "OUTCOME", "DETAIL"],
+                     [[r.checkpoint, r.container, r.outcome, r.detail] for r in done]))
+
+
+COMMANDS = {"recover": recover_command}
