@@ -23,7 +23,9 @@ def test_create_runtime_applies_the_plan_and_poststop_cleans_up(tmp_path: Path,
     (bundle / "config.json").write_text(json.dumps({"linux": {"namespaces": [{"type": "network"}]}}))
     state = {"ociVersion": "1.0.2", "id": "c1", "pid": os.getpid(), "bundle": str(bundle),
              "status": "creating"}
-    record = tmp_path / "state" / "containers" / "ns1" / "c1"
+    from torpor.capture import records
+
+    record = Path(records.record_dir(str(tmp_path / "state"), str(bundle), "c1"))
     assert hook(torpor_bin, tmp_path / "state", "createRuntime", state).returncode == 0
     assert not record.exists()  # an ordinary create writes nothing
     record.mkdir(parents=True)

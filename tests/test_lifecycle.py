@@ -27,8 +27,11 @@ RUNTIMES = {
 
 
 def record_path(node: Node, state_dir: Path, name: str) -> Path:
-    """The container's record directory under torpor's state dir."""
-    return state_dir / "containers" / node.namespace / name
+    """The container's record directory under torpor's state dir (keyed by its bundle)."""
+    from torpor.capture import records
+
+    bundle = node.root / "state" / "io.containerd.runtime.v2.task" / node.namespace / name
+    return Path(records.record_dir(str(state_dir), str(bundle), name))
 
 
 def transcript(node: Node, runtime: list[str], name: str, image: str) -> dict[str, object]:

@@ -107,3 +107,80 @@ def _close(s: socket.socket) -> None:
     except OSError:
         pass
     s.close()
+
+
+class DownloadDroppingProxy(DroppingProxy):
+    """Forwards everything, except that the answers to the `nth` and later blob GETs (`times`
+    of them; 0: all) stop after their headers and `body_bytes` bytes of body: the connection
+    closes mid-download. Counts the body bytes it let through to clients."""
+
+    def __init__(self, upstream_port: int, nth: int = 1, body_bytes: int = 0,
+                 times: int = 1) -> None:
+        self.times = times
+        self.forwarded_down = 0
+        super().__init__(upstream_port, nth=nth, method=b"GET", body_bytes=body_bytes)
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            with self._lock:
+                self._sockets += [client, upstream]
+            armed = threading.Event()
+            threading.Thread(target=self._requests, args=(client, upstream, armed),
+                             daemon=True).start()
+            threading.Thread(target=self._answers, args=(upstream, client, armed),
+                             daemon=True).start()
+
+    def _requests(self, client: socket.socket, upstream: socket.socket,
+                  armed: threading.Event) -> None:
+        try:
+            while data := client.recv(1 << 16):
+                start = data.find(b"GET /v2/")
+                if start >= 0 and b"/blobs/sha256:" in data[start:start + 300]:
+                    with self._lock:
+                        self.seen += 1
+                        due = self.seen >= self.nth and (
+                            self.times == 0 or self.seen < self.nth + self.times)
+                    if due:
+                        armed.set()
+                self._send(upstream, data)
+        except OSError:
+            pass
+        _close(client)
+        _close(upstream)
+
+    def _answers(self, upstream: socket.socket, client: socket.socket,
+                 armed: threading.Event) -> None:
+        budget: int | None = None
+        buffered = b""
+        try:
+            while data := upstream.recv(1 << 16):
+                if armed.is_set() and budget is None:
+                    buffered += data
+                    end = buffered.find(HEADER_END)
+                    if end < 0:
+                        continue
+                    client.sendall(buffered[:end + len(HEADER_END)])
+                    data, buffered, budget = buffered[end + len(HEADER_END):], b"", self.body_bytes
+                if budget is not None:
+                    client.sendall(data[:budget])
+                    self._count_down(min(budget, len(data)))
+                    budget -= min(budget, len(data))
+                    if budget == 0:
+                        self.dropped = True
+                        break
+                    continue
+                client.sendall(data)
+                self._count_down(len(data))
+        except OSError:
+            pass
+        _close(upstream)
+        _close(client)
+
+    def _count_down(self, n: int) -> None:
+        with self._lock:
+            self.forwarded_down += n

@@ -33,7 +33,6 @@ class World:
         self.volumes = base / "volumes"
         self.volumes.mkdir(mode=0o700)
         self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n'
-                               f'[image]\nstore = "{base}/store"\n'
                                f'[restore]\nmount_sources = ["{self.volumes}"]\n')
         out = base / "workloads"
         out.mkdir(exist_ok=True)
