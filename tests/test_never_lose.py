@@ -41,12 +41,13 @@ LOST: list[str] = []  # containers neither running nor restorable: must stay emp
 
 
 @pytest.fixture(scope="module")
-def fnode(nodes: Nodes, session_dir: Path) -> Node:
-    """A containerd of its own (one test restarts it), with its own state dir and store."""
+def fnode(nodes: Nodes, session_dir: Path, containerd_version: str, runc_version: str) -> Node:
+    """A containerd of its own (one test restarts it), with its own state dir and store, of
+    the versions the session asks for (`pytest --containerd 2 --runc 1.3`)."""
     config = session_dir / "faults.toml"
     config.write_text(f'[runtime]\nstate_dir = "{session_dir}/faults-state"\n'
                       f'[image]\nstore = "{session_dir}/faults-store"\n')
-    return nodes.start("faults", config=config)
+    return nodes.start("faults", config=config, containerd=containerd_version, runc=runc_version)
 
 
 @pytest.fixture(scope="module")
