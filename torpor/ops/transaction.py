@@ -27,7 +27,7 @@ from torpor.capture import journal as journals
 from torpor.capture.journal import Journal
 from torpor.config import Config
 from torpor.containerd.client import Client
-from torpor.errors import ContainerdError
+from torpor.errors import CheckpointError, ContainerdError
 from torpor.formats import state as container_state
 from torpor.formats.journal import CheckpointJournal, Decision, JournalTarget
 from torpor.reporting import Progress
@@ -107,8 +107,6 @@ class Transaction:
     def state(self, criu_dir: str) -> ContainerState:
         state = container_state.read(criu_dir)
         if state is None:
-            from torpor.errors import CheckpointError
-
             raise CheckpointError(f"torpor-runc left no state in {criu_dir}: is the container's "
                                   "runtime really torpor-runc?")
         return state
