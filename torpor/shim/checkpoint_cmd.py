@@ -45,6 +45,7 @@ from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.gpu import GpuState
 from torpor.formats.journal import RuntimeRecord
+from torpor.formats.oci import OciSpec
 from torpor.shim import criu_log, interrupt, post_dump, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
