@@ -38,6 +38,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "cuda_library": (str, "libcuda.so.1", "the CUDA driver library"),
         "nvml_library": (str, "libnvidia-ml.so.1", "NVML, for the GPU inventory"),
         "lock_timeout_ms": (int, 10000, "how long a CUDA process may take to reach a lock"),
+        "driver_timeout_s": (int, 60, "how long one driver call may take (checkpoint and "
+                             "restore: plus 5 s per GiB held)"),
     },
     "image": {
         "store": (str, "/var/lib/torpor", "local checkpoint images (torpor ls, rm), scratch"),
@@ -81,6 +83,7 @@ class Config:
         "checkpoint_tcp_established",
         "checkpoint_volumes",
         "gpu_cuda_library",
+        "gpu_driver_timeout_s",
         "gpu_lock_timeout_ms",
         "gpu_nvml_library",
         "image_store",
@@ -117,6 +120,7 @@ class Config:
     gpu_cuda_library: str
     gpu_nvml_library: str
     gpu_lock_timeout_ms: int
+    gpu_driver_timeout_s: int
     image_store: str
     image_zstd_level: int
     restore_hooks: list[str]

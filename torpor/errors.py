@@ -147,3 +147,4 @@ class CudaError(GpuError):
         self.pid = pid
         self.code = code
         self.name = name
+        self.text = text

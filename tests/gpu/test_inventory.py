@@ -124,11 +124,17 @@ def test_torpor_check_names_what_to_fix(fake_libs: FakeLibs, fake_node: FakeNode
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_node.configure([gpu(H200, 0, persistence=0), gpu(H200, 1, mig=1)], DRIVER_570)
     seen = report(tmp_path, fake_libs)
-    assert seen["gpu driver"][0] == "warn" and "other GPUs need driver 580" in seen["gpu driver"][1]
+    assert seen["gpu driver"] == (
+        "warn", "570.86.10: restores only onto the same GPUs (other GPUs need driver 580 or "
+        "newer) and a container given only some of this node's GPUs cannot be checkpointed or "
+        "restored ('operation not permitted', fixed in 575.57.08)")
     assert seen["gpu persistence mode"] == (
-        "fail", "off on GPU 0: run `nvidia-smi -pm 1` or start nvidia-persistenced (a CUDA "
-        "restore needs it)")
+        "warn", "off on GPU 0: torpor calls cuInit before each GPU restore instead; "
+        "`nvidia-smi -pm 1` (or nvidia-persistenced) keeps the driver loaded between calls")
     assert seen["gpu MIG"][0] == "fail" and "GPU 1" in seen["gpu MIG"][1]
+    fake_node.configure([gpu(H200, 0)], ("575.57.08", 12090))
+    assert report(tmp_path, fake_libs)["gpu driver"] == (
+        "warn", "575.57.08: restores only onto the same GPUs (other GPUs need driver 580 or newer)")
     fake_node.configure([gpu(H200, 0)], ("560.35.03", 12060))
     assert report(tmp_path, fake_libs)["gpu driver"] == (
         "fail", "560.35.03: the CUDA checkpoint API needs driver 570 or newer")

@@ -62,16 +62,23 @@ def test_a_paused_container_is_thawed_for_the_driver_and_frozen_again(
         assert [p.pid for p in state.processes] == [p.pid for p in procs]
         assert state.inventory is not None
         assert [p.used_memory for p in state.inventory.processes] == [2 * GIB, 3 * GIB]
-        assert all(driver.state(p.pid) == ProcessState.CHECKPOINTED for p in procs)
+        assert state.visible_gpus == tuple(g["uuid"] for g in fake_node.gpus)
+        assert all(mirrored(fake_node, t) == "CHECKPOINTED" for t in ("s-a", "s-b"))
     assert cgroup.is_frozen()
-    assert all(driver.state(p.pid) == ProcessState.RUNNING for p in procs)
+    assert all(mirrored(fake_node, t) == "RUNNING" for t in ("s-a", "s-b"))
     ops = [(c.op, c.fields["frozen"]) for c in fake_node.calls()
-           if c.op in ("lock", "checkpoint", "restore", "unlock")]
-    assert [op for op, _ in ops] == ["lock", "lock", "checkpoint", "checkpoint",
-                                     "restore", "restore", "unlock", "unlock"]
-    assert {frozen for _, frozen in ops} == {"0"}
+           if c.op in ("lock", "checkpoint", "restore", "unlock", "state")]
+    assert [op for op, _ in ops if op != "state"] == [
+        "lock", "lock", "checkpoint", "checkpoint", "restore", "restore", "unlock", "unlock"]
+    assert {frozen for _, frozen in ops} == {"0"}  # state queries included: they would wait
     cgroup.thaw()
+    assert all(driver.state(p.pid) == ProcessState.RUNNING for p in procs)
     assert progressing(procs[0].pid, "s-a")
+
+
+def mirrored(node: FakeNode, token: str) -> str:
+    """The state the fake last wrote for a token (asking the driver would wait while frozen)."""
+    return (node.dir / f"{token}.state").read_text().split()[0].removeprefix("state=")
 
 
 def test_no_cuda_process_means_no_gpu_state(cfg: config.Config, freezer: FreezerCgroup,

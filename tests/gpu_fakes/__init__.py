@@ -9,6 +9,7 @@ comes from `process_env`.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 import uuid as uuid_module
@@ -25,6 +26,9 @@ H100 = {"name": "NVIDIA H100 80GB HBM3", "architecture": 9, "cc": "9.0",
 A100 = {"name": "NVIDIA A100-SXM4-80GB", "architecture": 7, "cc": "8.0",
         "memory_total": 81920 << 20, "pci_device_id": "0x20B210DE"}
 DRIVER_580 = ("580.65.06", 13000)
+# A call that blocks (as the real driver's do, without limit) makes the fake abort its caller
+# after this long: in a test, only a call torpor failed to bound gets there.
+NODE_DEFAULTS = {"block_cap_ms": 30000}
 DRIVER_570 = ("570.86.10", 12080)
 
 
@@ -42,8 +46,8 @@ def build(out: Path) -> FakeLibs:
     for source, target in (("fake_libcuda.c", libs.cuda), ("fake_libnvidia_ml.c", libs.nvml)):
         subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
                         "-o", str(target), str(HERE / source)], check=True)
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-static", "-o", str(libs.worker),
-                    str(HERE / "gpuworker.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-static", "-pthread", "-o",
+                    str(libs.worker), str(HERE / "gpuworker.c")], check=True)
     return libs
 
 
@@ -87,19 +91,29 @@ class FakeNode:
         self.gpus: list[dict[str, Any]] = []
         self.driver = DRIVER_580
 
-    def configure(self, gpus: list[dict[str, Any]], driver: tuple[str, int] = DRIVER_580) -> None:
+    def configure(self, gpus: list[dict[str, Any]], driver: tuple[str, int] = DRIVER_580,
+                  **node: Any) -> None:
+        """The node's GPUs and driver; `node`: restore_tid_error=304, block_cap_ms=N."""
         self.gpus, self.driver = gpus, driver
         lines = [f"driver_version={driver[0]}", f"cuda_driver_version={driver[1]}"]
+        lines += [f"{key}={value}" for key, value in {**NODE_DEFAULTS, **node}.items()]
         for index, g in enumerate(gpus):
             lines += [f"gpu.{index}.{key}={value}" for key, value in g.items()]
         tmp = self.dir / "node.conf.tmp"
         tmp.write_text("\n".join(lines) + "\n")
         tmp.rename(self.dir / "node.conf")
 
-    def process_env(self, token: str, gpu_index: int = 0, memory: int = GIB) -> dict[str, str]:
-        """The environment that makes a process a CUDA process on GPU `gpu_index`."""
-        return {"FAKE_CUDA_TOKEN": token, "FAKE_CUDA_MEM": str(memory),
-                "FAKE_CUDA_STATE": "R0" + self.gpus[gpu_index]["uuid"]}
+    def process_env(self, token: str, gpu_index: int = 0, memory: int | list[int] = GIB, *,
+                    gpus: list[int] | None = None, mps: bool = False) -> dict[str, str]:
+        """The environment that makes a process a CUDA process that sees the GPUs `gpus`
+        (default: GPU `gpu_index`), holding `memory` bytes on each (or the list's on each)."""
+        indices = gpus if gpus is not None else [gpu_index]
+        held = memory if isinstance(memory, list) else [memory] * len(indices)
+        env = {"FAKE_CUDA_TOKEN": token, "FAKE_CUDA_MEM": ",".join(map(str, held)),
+               "FAKE_CUDA_STATE": "R0" + ",".join(self.gpus[i]["uuid"] for i in indices)}
+        if mps:
+            env["FAKE_CUDA_MPS"] = "1"
+        return env
 
     def inject(self, token: str, *rules: str) -> None:
         """Failures for a token: 'op=code', 'op=code*N' (next N calls), 'op=code!' (FAILED)."""
@@ -132,6 +146,16 @@ class FakeNode:
 
     def env(self) -> dict[str, str]:
         return {"TORPOR_FAKE_GPU_DIR": str(self.dir)}
+
+
+def device_node(directory: Path, minor: int) -> Path:
+    """A character device like the driver's /dev/nvidiaN (major 195), to bind-mount into a
+    container as its GPU; nothing opens it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"nvidia{minor}"
+    if not path.exists():
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    return path
 
 
 def counter(pid: int, token: str) -> tuple[int, str]:

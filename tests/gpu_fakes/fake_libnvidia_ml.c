@@ -5,8 +5,11 @@
  * call so a test can change the node between a checkpoint and a restore. Without the directory
  * or the file, nvmlInit fails with NVML_ERROR_DRIVER_NOT_LOADED, as on a node without a driver.
  * Running compute processes are the fake CUDA processes (see fake_gpu.h) that are running or
- * locked on a GPU; a checkpointed process has released its GPU memory and is not listed. A
- * GPU's used memory is its node.conf memory_used plus what those processes hold.
+ * locked and hold memory on a GPU, one entry per GPU they hold memory on; a checkpointed
+ * process has released its GPU memory and is not listed ("After it, nvidia-smi no longer lists
+ * the PID", cuda-checkpoint README). MPS clients (FAKE_CUDA_MPS=1) are listed by
+ * nvmlDeviceGetMPSComputeRunningProcesses instead, as NVML lists the clients of an MPS server.
+ * A GPU's used memory is its node.conf memory_used plus what those processes hold.
  */
 #define _GNU_SOURCE
 #include "fake_gpu.h"
@@ -257,8 +260,9 @@ int nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *minor) {
     return NVML_SUCCESS;
 }
 
-int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
-                                            nvmlProcessInfo_t *infos) {
+/* The compute processes on a GPU: plain ones, or the clients of an MPS server (`mps`). */
+static int running_processes(nvmlDevice_t h, unsigned int *count, nvmlProcessInfo_t *infos,
+                             int mps) {
     int r;
     struct fake_gpu *g = gpu_of(h, &r);
     if (!g) return r;
@@ -269,19 +273,32 @@ int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
     while (d && (de = readdir(d))) {
         int pid = atoi(de->d_name);
         struct fake_proc p;
-        if (pid <= 0 || !fake_find_proc(pid, &p)) continue;
-        if ((p.slot[0] != 'R' && p.slot[0] != 'L') || strncmp(p.slot + 2, g->uuid, FAKE_UUID_LEN))
-            continue;
-        if (infos && found < *count) {
-            infos[found].pid = (unsigned int)pid;
-            infos[found].usedGpuMemory = p.mem;
-            infos[found].gpuInstanceId = infos[found].computeInstanceId = NVML_VALUE_NOT_AVAILABLE;
+        if (pid <= 0 || !fake_find_proc(pid, &p) || p.mps != mps) continue;
+        if (p.slot[0] != 'R' && p.slot[0] != 'L') continue;
+        for (int i = 0; i < p.ngpus; i++) {
+            if (strncmp(p.gpus[i], g->uuid, FAKE_UUID_LEN) || !p.mem[i]) continue;
+            if (infos && found < *count) {
+                infos[found].pid = (unsigned int)pid;
+                infos[found].usedGpuMemory = p.mem[i];
+                infos[found].gpuInstanceId = infos[found].computeInstanceId =
+                    NVML_VALUE_NOT_AVAILABLE;
+            }
+            found++;
         }
-        found++;
     }
     if (d) closedir(d);
     int fits = infos && found <= *count;
     *count = found;
     if (!found) return NVML_SUCCESS;
     return fits ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+}
+
+int nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
+                                            nvmlProcessInfo_t *infos) {
+    return running_processes(h, count, infos, 0);
+}
+
+int nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *count,
+                                               nvmlProcessInfo_t *infos) {
+    return running_processes(h, count, infos, 1);
 }

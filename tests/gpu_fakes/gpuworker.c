@@ -1,6 +1,6 @@
 /* gpuworker: a stand-in for a CUDA workload, for the fake driver (see fake_gpu.h).
  *
- *   gpuworker [--children N] [--uring]
+ *   gpuworker [--children N] [--uring] [--uvm DIR]
  *
  * Its CUDA state is the FAKE_CUDA_STATE slot in its own environment, which the fake driver
  * rewrites in place. Like a CUDA program whose calls block while the driver holds it locked
@@ -8,14 +8,23 @@
  * to a counter and writes "<counter> <state letter>\n" to /tmp/counter.<FAKE_CUDA_TOKEN>.
  * A counter that stops after a checkpoint or restore is a process left locked.
  *
+ * Like a CUDA process, it has a thread of the driver's own, named cuda-restore, on which the
+ * fake driver does its checkpoint and restore work (it only sleeps here).
+ *
  * --children N starts N more workers (tokens <token>-1 .. <token>-N, each with its own slot).
  * --uring holds an io_uring instance, which CRIU cannot dump: a checkpoint fails in CRIU.
+ * --uvm DIR maps DIR/nvidia-uvm (a file it creates) as UVM managed memory maps /dev/nvidia-uvm.
+ * --sleeper starts a child that is no CUDA process and only sleeps (/tmp/sleeper.<token> holds
+ * its pid).
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -24,7 +33,7 @@
 extern char **environ;
 
 static void start_child(const char *self, const char *token, int n) {
-    char token_var[256], state_var[256];
+    char token_var[256], state_var[512];
     const char *slot = getenv("FAKE_CUDA_STATE");
     snprintf(token_var, sizeof token_var, "FAKE_CUDA_TOKEN=%s-%d", token, n);
     snprintf(state_var, sizeof state_var, "FAKE_CUDA_STATE=R0%s", slot + 2);
@@ -44,9 +53,44 @@ static void start_child(const char *self, const char *token, int n) {
     free(env);
 }
 
+static void start_sleeper(const char *token) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        unsetenv("FAKE_CUDA_TOKEN");
+        unsetenv("FAKE_CUDA_STATE");
+        char *argv[] = {"sleeper", NULL};
+        execve("/proc/self/exe", argv, environ);
+        _exit(127);
+    }
+    char path[512], text[32];
+    snprintf(path, sizeof path, "/tmp/sleeper.%s", token);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int n = snprintf(text, sizeof text, "%d\n", (int)pid);
+    if (fd >= 0 && write(fd, text, n) < 0) perror("gpuworker: --sleeper");
+    if (fd >= 0) close(fd);
+}
+
+static void *restore_thread(void *unused) {
+    (void)unused;
+    prctl(PR_SET_NAME, "cuda-restore", 0, 0, 0);
+    for (;;) pause();
+    return NULL;
+}
+
+static void map_uvm(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/nvidia-uvm", dir);
+    int fd = open(path, O_RDWR | O_CREAT, 0600);
+    if (fd < 0 || ftruncate(fd, 1 << 21) < 0 ||
+        mmap(NULL, 1 << 21, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED)
+        perror("gpuworker: --uvm");
+}
+
 int main(int argc, char **argv) {
     const char *token = getenv("FAKE_CUDA_TOKEN");
     volatile const char *slot = getenv("FAKE_CUDA_STATE");
+    if (argc == 1 && !strcmp(argv[0], "sleeper"))
+        for (;;) pause();
     if (!token || !slot || strlen((const char *)slot) < 42) {
         fprintf(stderr, "gpuworker: FAKE_CUDA_TOKEN and FAKE_CUDA_STATE are needed\n");
         return 2;
@@ -58,9 +102,15 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--uring")) {
             unsigned char params[120] = {0};
             if (syscall(SYS_io_uring_setup, 4, params) < 0) perror("gpuworker: io_uring_setup");
+        } else if (!strcmp(argv[i], "--uvm") && i + 1 < argc) {
+            map_uvm(argv[++i]);
+        } else if (!strcmp(argv[i], "--sleeper")) {
+            start_sleeper(token);
         }
     }
     signal(SIGCHLD, SIG_IGN);
+    pthread_t thread;
+    pthread_create(&thread, NULL, restore_thread, NULL);
     char path[512], line[64];
     snprintf(path, sizeof path, "/tmp/counter.%s", token);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);

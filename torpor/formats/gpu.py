@@ -1,11 +1,13 @@
-"""GPU state as torpor records it: the node's GPU inventory (NVML) and the CUDA processes a
-checkpoint locked and checkpointed."""
+"""GPU state as torpor records it: the node's GPU inventory (NVML), the CUDA processes a
+checkpoint locked and checkpointed, and the GPUs the container could see (a process can hold
+memory on several, and the driver checkpoints every GPU it sees, used or not)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from torpor.errors import FormatError
 from torpor.formats.fields import Fields
 from torpor.formats.flat import from_flat, to_flat
 
@@ -81,18 +83,40 @@ class CudaProcess:
 
 @dataclass(frozen=True)
 class GpuState:
+    """What a restore needs of a checkpoint's GPUs.
+
+    visible_gpus: the UUIDs of the GPUs the container could see (its /dev/nvidiaN), in NVML
+    index order; a restore maps every one of them (empty in older checkpoints: every
+    recorded GPU is then taken as seen).
+    stopped_ns_pids: processes that were stopped (SIGSTOP) when the checkpoint was taken: a
+    GPU restore holds every process stopped until the GPUs are back, then continues all but
+    these."""
+
     cuda_driver_version: int
     processes: tuple[CudaProcess, ...]
     inventory: GpuInventory | None
+    visible_gpus: tuple[str, ...] = ()
+    stopped_ns_pids: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"cuda_driver_version": self.cuda_driver_version,
                 "processes": [to_flat(p) for p in self.processes],
-                "inventory": self.inventory.to_json() if self.inventory else None}
+                "inventory": self.inventory.to_json() if self.inventory else None,
+                "visible_gpus": list(self.visible_gpus),
+                "stopped_ns_pids": list(self.stopped_ns_pids)}
 
     @classmethod
     def from_json(cls, f: Fields) -> GpuState:
         inventory = f.optional_child("inventory")
+        visible = f.strings("visible_gpus")
+        for i, uuid in enumerate(visible):
+            if not uuid.startswith("GPU-"):
+                raise FormatError(f"{f.what}: visible_gpus[{i}] is not a GPU UUID: {uuid!r}")
+        stopped = f.data.get("stopped_ns_pids") or []
+        if not isinstance(stopped, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in stopped):
+            raise FormatError(f"{f.what}: stopped_ns_pids must be a list of pids")
         return cls(cuda_driver_version=f.integer("cuda_driver_version", 0),
                    processes=tuple(from_flat(CudaProcess, p) for p in f.children("processes")),
-                   inventory=GpuInventory.from_json(inventory) if inventory else None)
+                   inventory=GpuInventory.from_json(inventory) if inventory else None,
+                   visible_gpus=tuple(visible), stopped_ns_pids=tuple(stopped))

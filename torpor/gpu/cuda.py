@@ -11,8 +11,11 @@ Available from driver r570 (CUDA 12.8); GPU UUID pairs on restore from r580 (CUD
 refused here below that. Every args struct is 64 bytes, laid out as in cuda.h, with reserved
 fields zeroed. Every CUresult other than success becomes a CudaError naming the operation, the
 pid and the driver's own words. pids are host pids: torpor runs in the host's pid namespace.
-torpor-runc never calls cuInit: NVIDIA's own tools call these entry points without it (a restore
-needs persistence mode then, which torpor's node check requires).
+
+"CUDA process restore requires persistence mode to be enabled or cuInit to have been called
+before execution" (the Driver API reference): the caller that restores calls initialize()
+(cuInit(0)) first, in its own process, as CRIU's cuda plugin does. torpor-runc makes these
+calls only through worker.py, in a child process that is never checkpointed itself.
 """
 
 from __future__ import annotations
@@ -24,10 +27,18 @@ from ctypes import POINTER, Structure, byref, c_char_p, c_int, c_ubyte, c_uint, 
 from torpor.errors import CudaError, GpuError
 
 CUDA_SUCCESS = 0
+INVALID_VALUE = 1
 OUT_OF_MEMORY = 2
+NOT_INITIALIZED = 3
 OPERATING_SYSTEM = 304
 ILLEGAL_STATE = 401
 NOT_READY = 600
+NOT_PERMITTED = 800
+NOT_SUPPORTED = 801
+# What cuCheckpointProcessGetRestoreThreadId answers for a process without CUDA: CRIU's cuda
+# plugin and NVIDIA's cuda-checkpoint-helper read only these two so. Any other result is an
+# error to report (CUDA_ERROR_OPERATING_SYSTEM on some setups: cuda-checkpoint issues 6, 37).
+NOT_A_CUDA_PROCESS = (INVALID_VALUE, NOT_INITIALIZED)
 UUID_REMAP_MIN_DRIVER = 13000  # cuDriverGetVersion of r580 (CUDA 13.0)
 
 # CUresult names, for when the driver cannot name its own error (values from cuda.h 13.0).
@@ -147,7 +158,7 @@ class CudaDriver:
 
     def initialize(self) -> None:
         """cuInit(0) in this process: what a restore needs when persistence mode is off. Only
-        for a short-lived caller that is never checkpointed itself (torpor's bench)."""
+        for a short-lived caller that is never checkpointed itself (worker.py, the bench)."""
         self._check(self.lib.cuInit(0), "cuInit", None)
 
     def driver_version(self) -> int:
@@ -155,16 +166,15 @@ class CudaDriver:
         self._check(self.lib.cuDriverGetVersion(byref(version)), "cuDriverGetVersion", None)
         return version.value
 
-    def restore_thread_id(self, pid: int) -> int:
+    def restore_thread(self, pid: int) -> int | None:
+        """The driver's restore thread of pid; None when pid is not a CUDA process (the driver
+        answers INVALID_VALUE or NOT_INITIALIZED); CudaError for any other answer."""
         tid = c_int()
-        self._check(self.lib.cuCheckpointProcessGetRestoreThreadId(pid, byref(tid)),
-                    "cuCheckpointProcessGetRestoreThreadId", pid)
+        code = self.lib.cuCheckpointProcessGetRestoreThreadId(pid, byref(tid))
+        if code in NOT_A_CUDA_PROCESS:
+            return None
+        self._check(code, "cuCheckpointProcessGetRestoreThreadId", pid)
         return tid.value
-
-    def is_cuda_process(self, pid: int) -> bool:
-        """CRIU's test: the driver knows a restore thread for pid."""
-        tid = c_int()
-        return bool(self.lib.cuCheckpointProcessGetRestoreThreadId(pid, byref(tid)) == CUDA_SUCCESS)
 
     def state(self, pid: int) -> ProcessState:
         value = c_int()

@@ -5,7 +5,8 @@ inventory (torpor.formats.gpu.GpuInventory) is kept in a checkpoint's metadata, 
 restore node's by compat.py and shown by `torpor inspect`.
 
 `processes` lists the running compute processes among the pids asked for (host pids), and is
-empty when none were asked for.
+empty when none were asked for. `mps_clients` lists those among them that are clients of an
+MPS server (NVML lists them apart), which CUDA checkpoints do not support.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from torpor.gpu.cuda import format_version
 
 API_MIN_DRIVER = 570  # the public cuCheckpointProcess* API
 REMAP_MIN_DRIVER = 580  # GPU UUID pairs on restore
+# Driver 570 fails with "operation not permitted" on a container given only some of the
+# node's GPUs (cuda-checkpoint issues 12, 18, 24); reported fixed in 575.57.08 (issue 24).
+PARTIAL_PASSTHROUGH_FIXED = (575, 57, 8)
 
 ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
                  8: "Ada", 9: "Hopper", 10: "Blackwell", 13: "Rubin"}
@@ -173,6 +177,43 @@ def gather_or_none(nvml_library: str, cuda_library: str,
             pass
 
 
+def mps_clients(nvml_library: str, pids: Collection[int]) -> list[int]:
+    """The pids among `pids` that NVML lists as clients of an MPS server, on any GPU."""
+    if not pids or not _use_library(nvml_library):
+        return []
+    pynvml = _nvml()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        found: set[int] = set()
+        for index in range(_call("count the GPUs", pynvml.nvmlDeviceGetCount)):
+            handle = _call(f"open GPU {index}", pynvml.nvmlDeviceGetHandleByIndex, index)
+            clients = _optional(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, handle) or []
+            found.update(int(p.pid) for p in clients if int(p.pid) in pids)
+        return sorted(found)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def driver_tuple(version: str) -> tuple[int, ...]:
+    """'575.57.08' -> (575, 57, 8); () when unreadable."""
+    try:
+        return tuple(int(part) for part in version.split("."))
+    except ValueError:
+        return ()
+
+
+def partial_passthrough_broken(version: str) -> bool:
+    """Does this driver fail on containers given only some of the node's GPUs?"""
+    parts = driver_tuple(version)
+    return bool(parts) and (API_MIN_DRIVER,) <= parts < PARTIAL_PASSTHROUGH_FIXED
+
+
 def gib(value: int) -> str:
     return f"{value / (1 << 30):.1f} GiB"
 
@@ -206,15 +247,20 @@ def requirements(inventory: GpuInventory | None) -> list[Requirement]:
         out.append(Requirement("gpu driver", "fail", f"{version}: the CUDA checkpoint API needs "
                                f"driver {API_MIN_DRIVER} or newer"))
     elif major < REMAP_MIN_DRIVER:
+        caveat = (" and a container given only some of this node's GPUs cannot be checkpointed "
+                  "or restored ('operation not permitted', fixed in 575.57.08)"
+                  if partial_passthrough_broken(version) else "")
         out.append(Requirement("gpu driver", "warn", f"{version}: restores only onto the same "
-                               f"GPUs (other GPUs need driver {REMAP_MIN_DRIVER} or newer)"))
+                               f"GPUs (other GPUs need driver {REMAP_MIN_DRIVER} or newer)"
+                               + caveat))
     else:
         out.append(Requirement("gpu driver", "ok", f"{version} (CUDA "
                                f"{format_version(inventory.cuda_driver_version)})"))
     off = [str(g.index) for g in gpus if not g.persistence_mode]
-    out.append(Requirement("gpu persistence mode", "fail" if off else "ok",
-                           f"off on GPU {', '.join(off)}: run `nvidia-smi -pm 1` or start "
-                           "nvidia-persistenced (a CUDA restore needs it)" if off else "on"))
+    out.append(Requirement("gpu persistence mode", "warn" if off else "ok",
+                           f"off on GPU {', '.join(off)}: torpor calls cuInit before each GPU "
+                           "restore instead; `nvidia-smi -pm 1` (or nvidia-persistenced) keeps "
+                           "the driver loaded between calls" if off else "on"))
     mig = [str(g.index) for g in gpus if g.mig_mode == "on"]
     out.append(Requirement("gpu MIG", "fail" if mig else "ok",
                            f"enabled on GPU {', '.join(mig)}: CUDA checkpoints do not support "

@@ -1,56 +1,90 @@
 """GPU state around CRIU, driven out of band, in the order NVIDIA's own tooling uses.
 
+Every driver call goes through a worker (worker.py), under torpor's own deadline: a hung
+driver makes the call fail with DriverTimeout, never hangs torpor-runc (so containerd).
+
 Checkpoint, before `runc checkpoint` (suspend_for_checkpoint):
- 1. find the container's CUDA processes (those the driver knows a restore thread for);
- 2. refuse when CRIU's own cuda plugin would act on them too;
- 3. record the GPU inventory with the memory each process holds (NVML lists a process only
-    while it holds GPU memory, so before the lock);
+ 1. find the container's CUDA processes: those the driver knows a restore thread for. Only
+    INVALID_VALUE and NOT_INITIALIZED mean "not a CUDA process" (as in CRIU's cuda plugin);
+    any other answer is an error with the driver's words, never a CPU-only checkpoint;
+ 2. record the GPU inventory with the memory each process holds (NVML lists a process only
+    while it holds GPU memory, so before the lock) and the GPUs the container sees;
+ 3. refuse, all reasons at once and before anything is locked, what cannot be checkpointed:
+    CRIU's own cuda plugin acting too; a process the driver already holds LOCKED,
+    CHECKPOINTED or FAILED; MIG on a GPU the container sees, MPS clients, UVM managed memory
+    (the driver "does not attempt to keep the process in a good state" when it meets one,
+    cuda-checkpoint README); a container given only some GPUs on drivers 570 to 575.57.07.
+    With persistence mode off on a GPU the container sees, cuInit runs now: the resume needs
+    it ("restore requires persistence mode to be enabled or cuInit to have been called"), and
+    if it fails nothing has changed yet;
  4. lock every CUDA process, with [gpu] lock_timeout_ms, then checkpoint each: its GPU memory
-    moves into its host memory, which CRIU then dumps as ordinary pages.
+    moves into its host memory, which CRIU then dumps as ordinary pages. A pid is made known
+    (to the undo and the guardian) *before* its lock call: a lock that fails, times out or is
+    cut short may have locked it all the same (CRIU reads the state again after a failed lock
+    for this reason).
 The driver cannot lock frozen threads and its restore thread must run, so a container that
-containerd paused (`ctr c checkpoint` does) is thawed for the driver calls and frozen again.
-A failure at step 4 restores and unlocks what was locked. The undo pushed on the caller's
-ExitStack does the same after the dump (--leave-running) or when a later step fails; after a
-successful dump it raises if a process could not be resumed: a workload left locked is an
-error, not a good checkpoint.
+containerd paused is thawed for the driver calls and frozen again.
+
+Resume (resume), after a failure, after the dump with --leave-running, and in the guardian
+(rollback) when torpor-runc was killed: for each process the driver's state decides:
+CHECKPOINTED -> cuInit, then restore (unless it would not fit in GPU memory: a restore that
+runs out of memory leaves the process unrestorable for good, cuda-checkpoint issue 44),
+LOCKED -> unlock, RUNNING -> nothing, FAILED -> an error that says so (its GPU state is lost).
+A state the driver does not tell (the query fails or times out) is taken to be what torpor
+last did to the process. Every process that does not end RUNNING is named, with the state it
+is left in.
 
 Restore: check_before_restore, before `runc restore`, refuses with every mismatch between the
-checkpoint and this node (compat.py, free GPU memory included). resume_after_restore, after CRIU
-restored the processes, finds them by their pid inside the container, checks free GPU memory
-again (a restore that runs out of memory leaves the process unrestorable for good), restores
-each (with GPU UUID pairs when this node's GPUs are other ones), then unlocks each.
-
-rollback is the guardian's: torpor-runc died mid-checkpoint; put its processes back to running.
+checkpoint and this node (compat.py) and plans the GPU UUID pairs; the spec then asks CRIU to
+leave the restored tasks stopped (criu_config.py). restore_gpus, after CRIU, restores and then
+unlocks each CUDA process with only the driver's restore thread running (restore_thread.py),
+then lets the tasks go on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TypeVar
 
 from torpor.capture.freezer import Cgroup, thawed
 from torpor.capture.processes import ns_pid
 from torpor.config import Config
 from torpor.errors import CudaError, GpuError, IncompatibleNode, RestoreError
 from torpor.formats.gpu import CudaProcess, GpuInventory, GpuState
-from torpor.gpu import compat, cuda, inventory
+from torpor.formats.oci import OciSpec
+from torpor.gpu import compat, cuda, inventory, restore_thread, visibility
 from torpor.gpu.criu_plugin import installed_cuda_plugin
-from torpor.gpu.cuda import CudaDriver, ProcessState
+from torpor.gpu.cuda import ProcessState
+from torpor.gpu.visibility import ContainerGpus
+from torpor.gpu.worker import DriverTimeout, DriverWorker
 from torpor.reporting import Log
 
 RETRY_DELAY_S = 0.2
 OWNER_THAW_WAIT_S = 3.0  # rollback: how long containerd gets to resume its paused task
 # Results a second try cannot change: the process's state or the GPU's memory decide them.
 FINAL_RESULTS = (cuda.OUT_OF_MEMORY, cuda.OPERATING_SYSTEM, cuda.ILLEGAL_STATE)
+FAILED_WORDS = ("is in the driver's FAILED state (\"an uncorrectable error during the "
+                "checkpoint/restore process\"): its GPU state is lost; restart it")
+
+OnCall = Callable[[int, float], None]
+T = TypeVar("T")
 
 
-def load_driver(cfg: Config) -> CudaDriver | None:
-    """The CUDA driver binding, or None on a node without one (no GPU work to do)."""
-    return cuda.try_load(cfg.gpu_cuda_library)
+def driver_present(cfg: Config) -> bool:
+    """Is there a CUDA driver library (with the checkpoint API) on this node? It is only
+    looked up here; every call goes through a worker."""
+    return cuda.try_load(cfg.gpu_cuda_library) is not None
+
+
+def new_worker(cfg: Config, on_call: OnCall = lambda pid, deadline: None) -> DriverWorker:
+    return DriverWorker(cfg.gpu_cuda_library, cfg.gpu_nvml_library, cfg.gpu_driver_timeout_s,
+                        cfg.gpu_lock_timeout_ms, on_call)
 
 
 def refuse_criu_cuda_plugin() -> None:
@@ -61,26 +95,73 @@ def refuse_criu_cuda_plugin() -> None:
                        hint=f"remove {plugin}; torpor drives the CUDA driver itself")
 
 
-def _twice(operation: Callable[..., None], pid: int, *args: Any) -> None:
-    """Once more after a short pause, unless the driver's answer cannot change."""
-    try:
-        operation(pid, *args)
-    except CudaError as e:
-        if e.code in FINAL_RESULTS:
+class _Calls:
+    """The driver calls of one resume. A call the driver did not answer in time is tried once
+    more with a new worker (a passing hang); after two such in a row no more calls are made
+    (each would wait as long), and the processes left are reported as unknown."""
+
+    def __init__(self, worker: DriverWorker) -> None:
+        self.worker = worker
+        self.timeouts = 0
+        self.hung: DriverTimeout | None = None
+
+    def _do(self, call: Callable[[], T]) -> T:
+        if self.hung is not None:
+            raise DriverTimeout(f"not tried, the driver stopped answering: {self.hung}",
+                                self.hung.operation, self.hung.pid)
+        try:
+            value = call()
+        except DriverTimeout as e:
+            self.timeouts += 1
+            if self.timeouts >= 2:
+                self.hung = e
             raise
-        time.sleep(RETRY_DELAY_S)
-        operation(pid, *args)
+        self.timeouts = 0
+        return value
+
+    def state(self, pid: int) -> int:
+        return self._do(lambda: self.worker.state(pid))
+
+    def restore(self, pid: int, held: int) -> None:
+        self._do(lambda: self.worker.restore(pid, None, held))
+
+    def unlock(self, pid: int) -> None:
+        self._do(lambda: self.worker.unlock(pid))
+
+    def inventory(self) -> GpuInventory | None:
+        return self._do(self.worker.inventory)
 
 
-def _no_room(cfg: Config, recorded: GpuInventory | None, pids: list[int]) -> dict[int, str]:
+def _ask(worker: DriverWorker | _Calls, pid: int) -> tuple[ProcessState | None, str]:
+    """The driver's state of pid, or None and why it cannot tell."""
+    try:
+        return ProcessState(worker.state(pid)), ""
+    except ValueError:
+        return None, f"the driver reports an unknown checkpoint state for pid {pid}"
+    except GpuError as e:
+        return None, str(e)
+
+
+def _held(recorded: GpuInventory | None) -> dict[int, int]:
+    held: dict[int, int] = {}
+    for p in recorded.processes if recorded else ():
+        held[p.pid] = held.get(p.pid, 0) + p.used_memory
+    return held
+
+
+def _no_room(worker: _Calls, recorded: GpuInventory | None,
+             pids: list[int]) -> dict[int, str]:
     """pid -> why restoring it now would run out of GPU memory (it then stays checkpointed)."""
     if not recorded or not pids:
         return {}
-    current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
+    try:
+        current = worker.inventory()
+    except GpuError:
+        return {}
     if current is None:
         return {}
     free = {g.uuid: g.memory_free for g in current.gpus}
-    refused = {}
+    refused: dict[int, str] = {}
     for p in recorded.processes:
         pid, gpu, need = p.pid, p.gpu_uuid, p.used_memory
         if pid not in pids or gpu not in free:
@@ -94,35 +175,75 @@ def _no_room(cfg: Config, recorded: GpuInventory | None, pids: list[int]) -> dic
     return refused
 
 
-def resume(cfg: Config, driver: CudaDriver, pids: list[int], log: Log,
-           cgroup: Cgroup | None = None, recorded: GpuInventory | None = None) -> list[str]:
-    """Restore every checkpointed and unlock every locked process; returns the failures."""
-    failures: list[str] = []
+def _tolerated(e: GpuError, guessed: bool) -> bool:
+    """An ILLEGAL_STATE answer to a step tried on a guessed state: it was not needed."""
+    return guessed and isinstance(e, CudaError) and e.code == cuda.ILLEGAL_STATE
+
+
+def resume(cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
+           cgroup: Cgroup | None = None, recorded: GpuInventory | None = None,
+           assumed: dict[int, ProcessState] | None = None) -> list[str]:
+    """Bring every process back to RUNNING by the driver's state: restore all, then unlock all
+    (as NVIDIA's tooling does), and once more after a short pause for those a passing error
+    or hang held back. Returns the failures, each naming where a process is left."""
     live = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    held = _held(recorded)
+    calls = _Calls(worker)
+    errors: dict[int, list[str]] = {pid: [] for pid in live}
+    final: dict[int, str] = {}  # pid -> its failure, decided: no further try
     with thawed(cgroup):
-        states: dict[int, ProcessState] = {}
-        for pid in live:
-            try:
-                states[pid] = driver.state(pid)
-            except GpuError as e:
-                failures.append(str(e))
-        checkpointed = [pid for pid, state in states.items() if state == ProcessState.CHECKPOINTED]
-        refused = _no_room(cfg, recorded, checkpointed)
-        failures.extend(refused.values())
-        for pid in checkpointed:
-            if pid in refused:
+        asked = {pid: _ask(calls, pid) for pid in live}
+        guessed = {pid for pid, (state, _) in asked.items() if state is None}
+        states = {pid: state if state is not None else (assumed or {}).get(pid)
+                  for pid, (state, _) in asked.items()}
+        refused = _no_room(calls, recorded, [pid for pid, state in states.items()
+                                            if state == ProcessState.CHECKPOINTED])
+        for attempt in range(2):
+            if attempt:
+                time.sleep(RETRY_DELAY_S)
+                states = {pid: _ask(calls, pid)[0] for pid in live if pid not in final}
+            for pid in (p for p in live if p not in final):  # 1. restore
+                state = states.get(pid)
+                if state == ProcessState.FAILED:
+                    final[pid] = f"pid {pid} {FAILED_WORDS}"
+                elif state == ProcessState.CHECKPOINTED and pid in refused:
+                    final[pid] = refused[pid]
+                elif state == ProcessState.CHECKPOINTED:
+                    try:
+                        calls.restore(pid, held.get(pid, 0))
+                    except GpuError as e:
+                        if not _tolerated(e, pid in guessed):
+                            errors[pid].append(str(e))
+                        if isinstance(e, CudaError) and e.code in FINAL_RESULTS:
+                            final[pid] = ""
+            for pid in (p for p in live if p not in final):  # 2. unlock
+                state, _ = _ask(calls, pid)
+                if state == ProcessState.LOCKED or (state is None and pid in guessed):
+                    try:
+                        calls.unlock(pid)
+                    except GpuError as e:
+                        if not _tolerated(e, pid in guessed):
+                            errors[pid].append(str(e))
+                        if isinstance(e, CudaError) and e.code in FINAL_RESULTS:
+                            final[pid] = ""
+            if all(_ask(calls, pid)[0] == ProcessState.RUNNING for pid in live
+                   if pid not in final):
+                break
+        for pid in live:  # 3. where each is left
+            if final.get(pid):
                 continue
-            try:
-                _twice(driver.restore, pid)
-                states[pid] = ProcessState.LOCKED
-            except GpuError as e:
-                failures.append(str(e))
-        for pid, state in states.items():
-            if state == ProcessState.LOCKED:
-                try:
-                    _twice(driver.unlock, pid)
-                except GpuError as e:
-                    failures.append(str(e))
+            state, unknown = _ask(calls, pid)
+            if state == ProcessState.RUNNING:
+                final.pop(pid, None)
+                continue
+            if state == ProcessState.FAILED:
+                errors[pid].append(f"pid {pid} {FAILED_WORDS}")
+            elif state is None:
+                errors[pid].append(f"pid {pid}: its GPU state is unknown ({unknown})")
+            else:
+                errors[pid].append(f"pid {pid} is left {state.name}")
+            final[pid] = "; ".join(dict.fromkeys(errors[pid]))
+    failures = [final[pid] for pid in live if final.get(pid)]
     for failure in failures:
         log.error(f"GPU resume: {failure}")
     return failures
@@ -132,23 +253,102 @@ class _Resume:
     """The undo of a GPU suspension, for an ExitStack (push): resume everything; after a
     successful block, fail loudly if a process could not be resumed."""
 
-    def __init__(self, cfg: Config, driver: CudaDriver, pids: list[int], log: Log,
-                 cgroup: Cgroup, recorded: GpuInventory | None) -> None:
-        self.args = (cfg, driver, pids, log, cgroup, recorded)
+    def __init__(self, cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
+                 cgroup: Cgroup, recorded: GpuInventory | None,
+                 assumed: dict[int, ProcessState], on_thawed: Callable[[bool], None]) -> None:
+        self.cfg, self.worker, self.pids, self.log = cfg, worker, pids, log
+        self.cgroup, self.recorded, self.assumed = cgroup, recorded, assumed
+        self.on_thawed = on_thawed
 
     def __call__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
-        failures = resume(*self.args)
+        paused = os.path.isdir(self.cgroup.path) and self.cgroup.is_frozen()
+        if paused:
+            self.on_thawed(True)
+        try:
+            failures = resume(self.cfg, self.worker, self.pids, self.log, self.cgroup,
+                              self.recorded, self.assumed)
+        finally:
+            if paused:
+                self.on_thawed(False)
         if failures and exc_type is None:
             raise GpuError("the checkpoint was written, but the workload's GPU state could not be "
                            "resumed: " + "; ".join(failures),
-                           hint="the CUDA processes named stay locked or checkpointed")
+                           hint="the CUDA processes named are left as said")
         return False
 
 
-def _lock(driver: CudaDriver, pid: int, timeout_ms: int) -> None:
+def find_cuda_processes(worker: DriverWorker, pids: list[int]) -> list[int]:
+    """The pids the driver knows a restore thread for; GpuError for an answer that is neither
+    yes nor "not a CUDA process" (a GPU container must not pass for a CPU-only one)."""
+    found = []
+    for pid in pids:
+        try:
+            if worker.restore_thread(pid) is not None:
+                found.append(pid)
+        except GpuError as e:
+            if not os.path.exists(f"/proc/{pid}"):
+                continue  # gone meanwhile
+            raise GpuError(f"the CUDA driver cannot tell whether pid {pid} is a CUDA process: "
+                           f"{e}", hint="nothing was locked; the container keeps running. Run "
+                           "torpor-runc as root, and see that persistence mode is on "
+                           "(`nvidia-smi -pm 1`) and the driver answers `nvidia-smi`") from None
+    return found
+
+
+def uses_uvm(pid: int) -> bool:
+    """Does pid map /dev/nvidia-uvm, as UVM managed memory (cudaMallocManaged) does?"""
     try:
-        driver.lock(pid, timeout_ms)
+        with open(f"/proc/{pid}/maps") as f:
+            return any(line.rstrip("\n").removesuffix(" (deleted)").endswith("/nvidia-uvm")
+                       for line in f)
+    except OSError:
+        return False
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        return text[text.rindex(")") + 2:][:1] == "T"
+    except (OSError, ValueError):
+        return False
+
+
+def _unsupported(worker: DriverWorker, pids: list[int], recorded: GpuInventory | None,
+                 seen: ContainerGpus | None) -> list[str]:
+    """Every reason these processes cannot be checkpointed, found before any lock."""
+    problems = []
+    for pid in pids:
+        state, why = _ask(worker, pid)
+        if state is None:
+            problems.append(f"the driver does not tell the checkpoint state of pid {pid}: {why}")
+        elif state == ProcessState.FAILED:
+            problems.append(f"pid {pid} {FAILED_WORDS}")
+        elif state != ProcessState.RUNNING:
+            problems.append(f"pid {pid} is already {state.name} by the driver (someone else, "
+                            "such as cuda-checkpoint, is checkpointing it): torpor leaves it be")
+    for g in seen.gpus if seen else ():
+        if g.mig_mode == "on":
+            problems.append(f"GPU {g.index} ({g.uuid}) has MIG enabled, which CUDA checkpoints "
+                            "do not support")
+    mps = worker.mps_clients(pids)
+    if mps:
+        problems.append(f"pids {', '.join(map(str, mps))} are clients of an MPS server, which "
+                        "CUDA checkpoints do not support")
+    uvm = [pid for pid in pids if uses_uvm(pid)]
+    if uvm:
+        problems.append(f"pids {', '.join(map(str, uvm))} use UVM managed memory (they map "
+                        "/dev/nvidia-uvm), which CUDA checkpoints do not support")
+    if recorded is not None:
+        problems.extend(m for m in (compat.partial_passthrough_refusal(recorded, seen,
+                                                                       "checkpoint"),) if m)
+    return problems
+
+
+def _lock(worker: DriverWorker, pid: int, timeout_ms: int) -> None:
+    try:
+        worker.lock(pid, timeout_ms)
     except CudaError as e:
         if e.code != cuda.NOT_READY:
             raise
@@ -159,51 +359,95 @@ def _lock(driver: CudaDriver, pid: int, timeout_ms: int) -> None:
 
 
 def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitStack, log: Log,
-                           leave_running: bool,
+                           leave_running: bool, spec: OciSpec | None = None,
+                           init_pid: int | None = None,
                            on_locked: Callable[[list[int]], None] = lambda pids: None,
+                           on_call: OnCall = lambda pid, deadline: None,
+                           on_thawed: Callable[[bool], None] = lambda thawed: None,
                            ) -> GpuState | None:
     """Lock, then checkpoint, the container's CUDA processes; `undo` resumes them. Returns
-    what restore needs (None: no CUDA process, nothing to do)."""
-    driver = load_driver(cfg)
-    if driver is None:
+    what restore needs (None: no CUDA process, nothing to do). `on_thawed(True)` is told
+    before a container its owner paused is thawed for the driver, `on_thawed(False)` once it
+    is frozen again (the guardian must freeze it again should torpor-runc die meanwhile)."""
+    if not driver_present(cfg):
         return None
-    locked: list[int] = []
-    with thawed(cgroup):
-        cuda_pids = [pid for pid in cgroup.pids() if driver.is_cuda_process(pid)]
-        if not cuda_pids:
-            return None
-        refuse_criu_cuda_plugin()
-        recorded = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library,
-                                            pids=cuda_pids)
-        version = driver.driver_version()
-        processes = tuple(CudaProcess(pid=pid, ns_pid=ns_pid(pid)) for pid in cuda_pids)
-        try:
-            for pid in cuda_pids:
-                _lock(driver, pid, cfg.gpu_lock_timeout_ms)
-                locked.append(pid)
-                on_locked(list(locked))
-            for pid in cuda_pids:
-                driver.checkpoint(pid)
-        except BaseException as e:
-            failures = resume(cfg, driver, locked, log, recorded=recorded)
-            if isinstance(e, GpuError) and not failures:
-                e.message += "; the CUDA processes were unlocked and keep running"
-            raise
-    undo.push(_Resume(cfg, driver, cuda_pids, log, cgroup, recorded))
+    worker = new_worker(cfg, on_call)
+    undo.callback(worker.close)
+    assumed: dict[int, ProcessState] = {}
+    paused = cgroup.is_frozen()
+    if paused:
+        on_thawed(True)
+    try:
+        with thawed(cgroup):
+            cuda_pids = find_cuda_processes(worker, cgroup.pids())
+            if not cuda_pids:
+                return None
+            refuse_criu_cuda_plugin()
+            recorded = worker.inventory(cuda_pids)
+            seen = visibility.container_gpus(recorded.gpus, spec, init_pid) if recorded else None
+            problems = _unsupported(worker, cuda_pids, recorded, seen)
+            if problems:
+                raise GpuError("this container's GPU state cannot be checkpointed: "
+                               + "; ".join(problems),
+                               hint="nothing was locked; the container keeps running")
+            if seen is not None and any(not g.persistence_mode for g in seen.gpus):
+                worker.initialize()  # the resume will need it; failing now changes nothing
+            version = worker.driver_version()
+            processes = tuple(CudaProcess(pid=pid, ns_pid=ns_pid(pid)) for pid in cuda_pids)
+            stopped = tuple(ns_pid(pid) for pid in cgroup.pids() if _stopped(pid))
+            held = _held(recorded)
+            try:
+                for pid in cuda_pids:
+                    assumed[pid] = ProcessState.LOCKED  # known before the call: it may lock anyway
+                    on_locked(list(assumed))
+                    _lock(worker, pid, cfg.gpu_lock_timeout_ms)
+                for pid in cuda_pids:
+                    assumed[pid] = ProcessState.CHECKPOINTED
+                    worker.checkpoint(pid, held.get(pid, 0))
+            except BaseException as e:
+                failures = resume(cfg, worker, list(assumed), log, recorded=recorded,
+                                  assumed=assumed)
+                if isinstance(e, GpuError):
+                    e.message += ("; the CUDA processes were unlocked and keep running"
+                                  if not failures else "; and the workload could not be resumed: "
+                                  + "; ".join(failures))
+                raise
+    finally:
+        if paused:
+            on_thawed(False)
+    undo.push(_Resume(cfg, worker, cuda_pids, log, cgroup, recorded, assumed, on_thawed))
     log.info(f"GPU: locked and checkpointed CUDA processes {cuda_pids}")
-    return GpuState(cuda_driver_version=version, processes=processes, inventory=recorded)
+    return GpuState(cuda_driver_version=version, processes=processes, inventory=recorded,
+                    visible_gpus=tuple(g.uuid for g in seen.gpus) if seen else (),
+                    stopped_ns_pids=stopped)
 
 
-def rollback(cfg: Config, pids: list[int], log: Log) -> None:
-    """From the guardian: torpor-runc died; put every process it locked back to running.
+def _wait_for_worker(pid: int, deadline: float) -> None:
+    """The guardian: let torpor-runc's unfinished driver call end (until its deadline), so its
+    effect is seen before anything is undone; then end it."""
+    while pid and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def rollback(cfg: Config, pids: list[int], log: Log, worker_pid: int = 0,
+             worker_deadline: float = 0.0) -> None:
+    """From the guardian: torpor-runc died; put every process it may have locked back to
+    running.
 
     containerd paused the task before the checkpoint and resumes it as soon as the runtime
     call fails. Thawing and freezing again around the driver calls at that moment would race
     with that resume (runc refuses to resume a task that is not paused, and containerd would
     keep it "paused"), so the owner gets a moment to thaw it first."""
-    driver = load_driver(cfg)
+    _wait_for_worker(worker_pid, worker_deadline)
     live = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
-    if driver is None or not live:
+    if not live or not driver_present(cfg):
         return
     try:
         cgroup: Cgroup | None = Cgroup.of_pid(live[0])
@@ -215,49 +459,104 @@ def rollback(cfg: Config, pids: list[int], log: Log) -> None:
             if not cgroup.is_frozen():
                 break
         time.sleep(0.02)
-    resume(cfg, driver, live, log, cgroup)
+    worker = new_worker(cfg)
+    try:
+        resume(cfg, worker, live, log, cgroup,
+               assumed=dict.fromkeys(live, ProcessState.CHECKPOINTED))
+    finally:
+        worker.close()
 
 
-def check_before_restore(cfg: Config, gpu_state: GpuState | None) -> None:
-    """Refuse early, naming every reason, when this node cannot take the GPU state."""
+@dataclass
+class RestorePlan:
+    """What check_before_restore found, for restore_gpus: the worker (cuInit stays done in
+    it), the GPUs the restored container is given, and the GPU UUID pairs (None: the same
+    GPUs)."""
+
+    worker: DriverWorker
+    given: ContainerGpus | None
+    pairs: list[tuple[str, str]] | None
+
+
+def check_before_restore(cfg: Config, gpu_state: GpuState | None,
+                         spec: OciSpec | None = None) -> RestorePlan | None:
+    """Refuse early, naming every reason, when this node cannot take the GPU state; else the
+    plan of the GPU restore."""
     if not gpu_state:
-        return
+        return None
     refuse_criu_cuda_plugin()
-    if load_driver(cfg) is None:
+    if not driver_present(cfg):
         raise IncompatibleNode([f"the checkpoint holds GPU state, but this node has no CUDA "
                                 f"driver ({cfg.gpu_cuda_library} cannot be loaded)"])
-    current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-    problems = compat.mismatches(gpu_state.inventory, current)
-    if problems:
-        raise IncompatibleNode(problems)
+    worker = new_worker(cfg)
+    try:
+        current = worker.inventory()
+        given = visibility.container_gpus(current.gpus, spec) if current and spec else None
+        visible = gpu_state.visible_gpus
+        problems = compat.mismatches(gpu_state.inventory, current, visible, given)
+        if problems:
+            raise IncompatibleNode(problems)
+        pairs = compat.uuid_pairs(gpu_state.inventory, current, visible, given)
+    except BaseException:
+        worker.close()
+        raise
+    return RestorePlan(worker, given, pairs)
 
 
-def resume_after_restore(cfg: Config, gpu_state: GpuState | None, cgroup: Cgroup,
-                         log: Log) -> list[int]:
-    """After CRIU restored the processes: GPU restore (with UUID pairs) then unlock, each."""
-    if not gpu_state:
-        return []
-    driver = load_driver(cfg)
-    if driver is None:
-        raise RestoreError("the checkpoint holds GPU state but this node has no CUDA driver")
-    recorded = gpu_state.inventory
-    current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-    pairs = compat.uuid_pairs(recorded, current)
-    if recorded is not None and current is not None:
-        shortfalls = compat.memory_shortfalls(recorded, current)
-        if shortfalls:
-            raise IncompatibleNode(shortfalls)
-    wanted = {p.ns_pid for p in gpu_state.processes}
-    by_ns = {ns_pid(pid): pid for pid in cgroup.pids()}
-    missing = sorted(wanted - set(by_ns))
-    if missing:
-        raise RestoreError(f"CUDA processes {missing} (pids in the container) were not restored")
-    pids = [by_ns[n] for n in sorted(wanted)]
-    with thawed(cgroup):
+def restore_gpus(cfg: Config, gpu_state: GpuState, plan: RestorePlan, cgroup: Cgroup,
+                 log: Log) -> list[int]:
+    """After CRIU restored the processes, stopped: GPU restore (with UUID pairs) then unlock,
+    each with only its restore thread running; then every process goes on."""
+    worker = plan.worker
+    try:
+        recorded = gpu_state.inventory
+        current = worker.inventory()
+        if recorded is not None and current is not None:
+            shortfalls = compat.memory_shortfalls(recorded, current, gpu_state.visible_gpus,
+                                                  plan.given)
+            if shortfalls:
+                raise IncompatibleNode(shortfalls)
+        all_pids = cgroup.pids()
+        by_ns = {ns_pid(pid): pid for pid in all_pids}
+        wanted = {p.ns_pid for p in gpu_state.processes}
+        missing = sorted(wanted - set(by_ns))
+        if missing:
+            raise RestoreError(f"CUDA processes {missing} (pids in the container) were not "
+                               "restored")
+        pids = [by_ns[n] for n in sorted(wanted)]
+        held_by_ns = {p.ns_pid: _held(recorded).get(p.pid, 0) for p in gpu_state.processes}
+        tids = {}
         for pid in pids:
-            driver.restore(pid, pairs)
-        for pid in pids:
-            driver.unlock(pid)
+            tid = worker.restore_thread(pid)
+            if tid is None:
+                raise RestoreError(f"pid {pid} (pid {ns_pid(pid)} in the container) was a CUDA "
+                                   "process, but the driver knows no restore thread for it now")
+            tids[pid] = tid
+        with contextlib.ExitStack() as running:
+            for pid in pids:
+                running.enter_context(restore_thread.running_alone(pid, tids[pid]))
+            for pid in pids:
+                state, why = _ask(worker, pid)
+                if state != ProcessState.CHECKPOINTED:
+                    raise RestoreError(f"pid {pid} is {state.name if state else why} after the "
+                                       "CRIU restore; it must be CHECKPOINTED")
+                worker.restore(pid, plan.pairs, held_by_ns.get(ns_pid(pid), 0))
+            for pid in pids:
+                worker.unlock(pid)
+            for pid in pids:
+                state, why = _ask(worker, pid)
+                if state != ProcessState.RUNNING:
+                    raise RestoreError(f"pid {pid} is {state.name if state else why} after its "
+                                       "GPU restore and unlock")
+        keep_stopped = set(gpu_state.stopped_ns_pids)
+        restore_thread.continue_processes(
+            [pid for pid in cgroup.pids() if _stopped(pid) and ns_pid(pid) not in keep_stopped])
+    finally:
+        worker.close()
     log.info(f"GPU: restored and unlocked CUDA processes {pids}"
-             + (f" onto other GPUs {pairs}" if pairs else ""))
+             + (f" onto other GPUs {plan.pairs}" if plan.pairs else ""))
     return pids
+
+
+__all__ = ["DriverTimeout", "RestorePlan", "check_before_restore", "restore_gpus", "resume",
+           "rollback", "suspend_for_checkpoint"]

@@ -117,7 +117,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         undo.callback(guardian.release)
         # 2. GPU
         t = time.monotonic()
-        gpu = gpu_suspend(ctx, undo, cgroup, guardian, criu.leave_running)
+        gpu = gpu_suspend(ctx, undo, cgroup, guardian, criu.leave_running, config, pid)
         timings["gpu_checkpoint_s"] = time.monotonic() - t
 
         # 3. network
@@ -225,27 +225,38 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
 
 
 def rollback(ctx: Context, pending: Pending, journal: Journal | None) -> None:
-    """In the guardian, after torpor-runc died: thaw what we froze, resume the GPUs; nothing
-    once the checkpoint committed (CRIU stopped the container)."""
+    """In the guardian, after torpor-runc died: nothing once the checkpoint committed (CRIU
+    stopped the container); else freeze again what its owner had paused and we thawed for the
+    GPU driver (at once: containerd resumes it next), thaw what we froze, resume the GPUs."""
     decision = journal.decision() if journal is not None else None
     if decision is not None and decision.commit:
         return
+    if pending.cgroup and pending.refreeze:
+        with contextlib.suppress(OSError, CheckpointError):
+            Cgroup(pending.cgroup, pending.cgroup_version).freeze()
     if pending.cgroup and pending.thaw:
         with contextlib.suppress(OSError):
             Cgroup(pending.cgroup, pending.cgroup_version).thaw()
     if pending.gpu_pids:
         from torpor.gpu import session
 
-        session.rollback(ctx.cfg, pending.gpu_pids, ctx.log)
+        session.rollback(ctx.cfg, pending.gpu_pids, ctx.log, pending.gpu_worker_pid,
+                         pending.gpu_worker_deadline)
 
 
 def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardian: Guardian,
-                leave_running: bool) -> GpuState | None:
-    """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`."""
+                leave_running: bool, config: OciSpec, pid: int) -> GpuState | None:
+    """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`.
+    The guardian hears of each pid before its lock, and of each driver call in flight."""
     from torpor.gpu import session
 
-    return session.suspend_for_checkpoint(ctx.cfg, cgroup, undo, ctx.log, leave_running,
-                                          on_locked=lambda pids: guardian.tell(gpu_pids=pids))
+    return session.suspend_for_checkpoint(
+        ctx.cfg, cgroup, undo, ctx.log, leave_running, config, pid,
+        on_locked=lambda pids: guardian.tell(gpu_pids=pids),
+        on_call=lambda worker, deadline: guardian.tell(gpu_worker_pid=worker,
+                                                       gpu_worker_deadline=deadline),
+        on_thawed=lambda thawed: guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
+                                               refreeze=thawed))
 
 
 def runc_exec(ctx: Context) -> None:

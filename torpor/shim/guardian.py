@@ -26,8 +26,12 @@ class Pending:
     cgroup: str = ""              # the cgroup torpor-runc froze
     cgroup_version: int = 0
     thaw: bool = False            # whether it must be thawed (torpor froze it)
+    refreeze: bool = False        # whether it must be frozen again (torpor thawed it for the
+                                  # GPU driver; its owner had paused it)
     runc_pid: int = 0             # runc checkpoint, which must end before anything is undone
     gpu_pids: list[int] = field(default_factory=list)   # CUDA processes locked
+    gpu_worker_pid: int = 0       # the process making torpor-runc's driver calls
+    gpu_worker_deadline: float = 0.0  # when its current call is given up (time.monotonic())
 
     def update(self, told: dict[str, Any]) -> None:
         for key, value in told.items():

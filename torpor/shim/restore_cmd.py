@@ -19,8 +19,10 @@ The steps, in order:
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
     symlink out of them and within the limits of `[restore]`;
  7. `runc restore` with the caller's argv plus the flags of step 3;
- 8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock.
-    If that fails, the restored container is killed: a restore succeeds whole or not at all.
+ 8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock,
+    while CRIU has left every task stopped (`leave-stopped` through the CRIU configuration
+    runc hands it, step 4), then let them go on. If that fails, the restored container is
+    killed: a restore succeeds whole or not at all.
 
 The checkpoint is only read, never changed.
 """
@@ -135,8 +137,8 @@ def run(ctx: Context) -> int:
     assert state is not None
     from torpor.gpu import session
 
-    # 4. GPU: refuse early
-    session.check_before_restore(ctx.cfg, state.gpu)
+    # 4. GPU: refuse early; CRIU is to leave the restored tasks stopped until step 8
+    gpu_plan = session.check_before_restore(ctx.cfg, state.gpu, config)
     plan_path = os.path.join(record, names.RESTORE_PLAN)
     criu_config = os.path.join(record, names.CRIU_RESTORE_CONFIG)
     with contextlib.ExitStack() as undo:
@@ -144,6 +146,11 @@ def run(ctx: Context) -> int:
         # 5. network, 6. files
         if prepare_network(config, state, plan_path, criu_config):
             changed = _use_criu_config(ctx, config, criu_config) or changed
+        if gpu_plan is not None:  # one CRIU config file: the network's lines, then the GPU's
+            from torpor.gpu import criu_config as gpu_criu_config
+
+            gpu_criu_config.hold_stopped(config, criu_config)
+            changed = True
         pod.reveal_descriptors(image_path)
         files.restore(config, bundle, image_path, state.files,
                       restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files)
@@ -158,10 +165,10 @@ def run(ctx: Context) -> int:
                                + (f": {reason}" if reason else ""),
                                hint=f"CRIU's log: {log_path}" if log_path else None)
         # 8. GPU restore and unlock; a failure removes the restored container
-        if state.gpu is not None:
+        if state.gpu is not None and gpu_plan is not None:
             undo.callback(_kill_on_failure, ctx, container_id)
             pid = _read_pid(inv.flag("pid-file"))
-            session.resume_after_restore(ctx.cfg, state.gpu, Cgroup.of_pid(pid), ctx.log)
+            session.restore_gpus(ctx.cfg, state.gpu, gpu_plan, Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
     records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
