@@ -146,6 +146,7 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
         before = workload.verify(args.timeout)
         held = inventory.gather(args.nvml_library, args.cuda_library, [pid]).processes
         gpu_bytes = sum(p.used_memory for p in held) or nbytes
+        facts = torpor_facts(driver, pid)
         steps_at_checkpoint = workload.steps()
 
         t: dict[str, float] = {"lock": timed(driver.lock, pid, args.lock_timeout_ms),
@@ -177,12 +178,24 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
         if not args.keep:
             shutil.rmtree(args.images, ignore_errors=True)
     return report(args, gpu_bytes, image_bytes, t, before, after, steps_at_checkpoint,
-                  steps_after, pid == workload.pid)
+                  steps_after, pid == workload.pid, facts)
+
+
+def torpor_facts(driver: cuda.CudaDriver, pid: int) -> dict[str, Any]:
+    """What torpor's checks make of a plain CUDA process, to verify them on hardware: the
+    driver's restore thread (a thread of its own), and whether the process maps
+    /dev/nvidia-uvm (torpor takes that for UVM managed memory and refuses to checkpoint)."""
+    from torpor.gpu.session import uses_uvm
+
+    tid = driver.restore_thread(pid)
+    return {"restore_thread": tid, "restore_thread_is_own": tid is not None and tid != pid,
+            "maps_nvidia_uvm": uses_uvm(pid)}
 
 
 def report(args: Any, gpu_bytes: int, image_bytes: int, t: dict[str, float],
            before: dict[str, Any], after: dict[str, Any], steps_at_checkpoint: int,
-           steps_after: tuple[int, int], same_pid: bool) -> dict[str, Any]:
+           steps_after: tuple[int, int], same_pid: bool,
+           facts: dict[str, Any]) -> dict[str, Any]:
     gb = gpu_bytes / 1e9
     checkpoint_s = t["lock"] + t["gpu_checkpoint"] + t["criu_dump"]
     restore_s = t["criu_restore"] + t["gpu_restore"] + t["unlock"]
@@ -196,7 +209,7 @@ def report(args: Any, gpu_bytes: int, image_bytes: int, t: dict[str, float],
         "bad_chunks_after": after["bad_chunks"],
         "steps_at_checkpoint": steps_at_checkpoint, "steps_after_restore": list(steps_after),
         "computing_after_restore": steps_after[1] > steps_after[0] >= steps_at_checkpoint,
-        "same_pid": same_pid, "device": args.device, "gib": args.gib,
+        "same_pid": same_pid, "device": args.device, "gib": args.gib, "torpor_facts": facts,
     }
 
 
@@ -217,6 +230,11 @@ def render(result: dict[str, Any]) -> str:
         f"{result['computing_after_restore']} (steps {result['steps_at_checkpoint']} at checkpoint,"
         f" {result['steps_after_restore'][0]} -> {result['steps_after_restore'][1]} after)",
     ]
+    facts = result["torpor_facts"]
+    lines.append(f"torpor's checks: restore thread {facts['restore_thread']} (a thread of its "
+                 f"own: {facts['restore_thread_is_own']}); maps /dev/nvidia-uvm: "
+                 f"{facts['maps_nvidia_uvm']} (if True, torpor would take this process for UVM "
+                 "and refuse it)")
     return "\n".join(lines)
 
 

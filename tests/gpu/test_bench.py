@@ -70,6 +70,8 @@ def test_a_whole_run_with_the_fake_driver(bundle: Path, fake_libs: FakeLibs,
     assert found["verified_before"] and found["verified_after"]
     assert found["computing_after_restore"] and found["same_pid"]
     assert found["gpu_bytes"] == int(0.05 * (1 << 30)) // 4 * 4
+    assert found["torpor_facts"]["maps_nvidia_uvm"] is False
+    assert "torpor's checks: restore thread" in result.stdout
     calls = [c for c in node.calls() if c.op in ("lock", "checkpoint", "restore", "unlock")]
     assert [(c.op, c.result) for c in calls] == [
         ("lock", 0), ("checkpoint", 0), ("restore", 0), ("unlock", 0)]

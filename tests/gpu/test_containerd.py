@@ -137,12 +137,16 @@ class GpuNode:
         return f"{logs}\nthe fake driver's last calls:\n{calls}"
 
     def remove(self, name: str) -> None:
-        """Delete the task (a task whose restore failed is only deleted without --force)."""
+        """Delete the task (a task whose restore failed is only deleted without --force), and
+        whatever runc still holds of it."""
         if self.task_status(name) in ("RUNNING", "PAUSED"):
             self.node.ctr("tasks", "delete", "--force", name, check=False)
         else:
             self.node.ctr("tasks", "delete", name, check=False)
         self.node.ctr("containers", "delete", name, check=False)
+        if self.runc_knows(name):
+            subprocess.run(["runc", "--root", f"/run/containerd/runc/{self.node.namespace}",
+                            "delete", "--force", name], capture_output=True)
 
     def runc_knows(self, name: str) -> bool:
         """Does runc hold a container of that name (in containerd's runc root)?"""
@@ -190,12 +194,15 @@ def gpu_node(nodes: object, session_dir: Path, fake_libs: FakeLibs,
 
 
 @pytest.fixture
-def gpus(gpu_node: GpuNode, monkeypatch: pytest.MonkeyPatch) -> Iterator[GpuNode]:
-    """The GPU node as configured at the start, whatever the test changes."""
+def gpus(gpu_node: GpuNode, monkeypatch: pytest.MonkeyPatch,
+         container_name: str) -> Iterator[GpuNode]:
+    """The GPU node as configured at the start, whatever the test changes; the test's
+    container is removed afterwards, even when the test failed."""
     monkeypatch.setenv("TORPOR_FAKE_GPU_DIR", str(gpu_node.fake.dir))
     gpu_node.fake.configure(gpu_node.gpus)
     yield gpu_node
     gpu_node.fake.configure(gpu_node.gpus)
+    gpu_node.remove(container_name)
 
 
 def ops(calls: list[Call]) -> list[tuple[str, int, str]]:

@@ -427,8 +427,10 @@ def _wait_for_worker(pid: int, deadline: float) -> None:
     effect is seen before anything is undone; then end it."""
     while pid and time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1][:2] == " Z":
+                    return  # ended, not yet reaped by its new parent
+        except (OSError, IndexError):
             return
         time.sleep(0.02)
     if pid:
