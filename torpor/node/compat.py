@@ -2,8 +2,8 @@
 
 Compared with what the checkpoint recorded of its node: architecture, kernel, CPU features
 (every feature the checkpoint's node had, as CRIU's cpuinfo check does), CRIU and runc versions
-(the same or newer), cgroup version, and GPUs (count, model, driver, free memory, persistence,
-MIG) when the checkpoint holds GPU state.
+(the same or newer), cgroup version, and GPUs (count, model, driver, free memory, MIG) when the
+checkpoint holds GPU state.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def check(metadata: CheckpointMetadata, cfg: Config, here: NodeFacts | None = No
         from torpor.gpu import inventory
 
         current = inventory.gather_or_none(cfg.gpu_nvml_library, cfg.gpu_cuda_library)
-        found += gpu_compat.mismatches(gpu.inventory, current)
+        # the GPUs the restored container will be given are not known yet: all of this node's
+        # (torpor-runc checks again against the container's own when it restores)
+        found += gpu_compat.mismatches(gpu.inventory, current, gpu.visible_gpus)
     if found:
         raise IncompatibleNode(found)
