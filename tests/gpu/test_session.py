@@ -12,7 +12,7 @@ from torpor import config
 from torpor.capture.freezer import Cgroup
 from torpor.errors import GpuError, IncompatibleNode
 from torpor.formats.gpu import CudaProcess, GpuState
-from torpor.gpu import cuda, session
+from torpor.gpu import cuda, restore, session
 from torpor.gpu.cuda import ProcessState
 
 from ..gpu_fakes import FakeLibs, FakeNode, progressing
@@ -102,7 +102,7 @@ def test_criu_cuda_plugin_is_refused_before_any_lock(
     assert not fake_node.calls("lock")
     assert driver.state(proc.pid) == ProcessState.RUNNING
     with pytest.raises(GpuError, match="CRIU's cuda plugin is installed"):
-        session.check_before_restore(cfg, GpuState(13000, (), None))
+        restore.check_before_restore(cfg, GpuState(13000, (), None))
 
 
 def test_a_process_that_would_not_fit_stays_checkpointed(
@@ -130,5 +130,5 @@ def test_a_process_that_would_not_fit_stays_checkpointed(
 def test_no_driver_here_refuses_gpu_state(cfg: config.Config, tmp_path: Path) -> None:
     missing = config.Config({"gpu": {"cuda_library": str(tmp_path / "none.so")}})
     with pytest.raises(IncompatibleNode, match="this node has no CUDA driver"):
-        session.check_before_restore(missing, GpuState(13000, (CudaProcess(1, 1),), None))
-    session.check_before_restore(cfg, None)  # no GPU state: nothing to check
+        restore.check_before_restore(missing, GpuState(13000, (CudaProcess(1, 1),), None))
+    restore.check_before_restore(cfg, None)  # no GPU state: nothing to check

@@ -34,11 +34,7 @@ A state the driver does not tell (the query fails or times out) is taken to be w
 last did to the process. Every process that does not end RUNNING is named, with the state it
 is left in.
 
-Restore: check_before_restore, before `runc restore`, refuses with every mismatch between the
-checkpoint and this node (compat.py) and plans the GPU UUID pairs; the spec then asks CRIU to
-leave the restored tasks stopped (criu_config.py). restore_gpus, after CRIU, restores and then
-unlocks each CUDA process with only the driver's restore thread running (restore_thread.py),
-then lets the tasks go on.
+The restore side is restore.py.
 """
 
 from __future__ import annotations
@@ -48,17 +44,16 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
 
 from torpor.capture.freezer import Cgroup, thawed
 from torpor.capture.processes import ns_pid
 from torpor.config import Config
-from torpor.errors import CudaError, GpuError, IncompatibleNode, RestoreError
+from torpor.errors import CudaError, GpuError
 from torpor.formats.gpu import CudaProcess, GpuInventory, GpuState
 from torpor.formats.oci import OciSpec
-from torpor.gpu import compat, cuda, inventory, restore_thread, visibility
+from torpor.gpu import compat, cuda, inventory, visibility
 from torpor.gpu.criu_plugin import installed_cuda_plugin
 from torpor.gpu.cuda import ProcessState
 from torpor.gpu.visibility import ContainerGpus
@@ -132,7 +127,7 @@ class _Calls:
         return self._do(self.worker.inventory)
 
 
-def _ask(worker: DriverWorker | _Calls, pid: int) -> tuple[ProcessState | None, str]:
+def ask_state(worker: DriverWorker | _Calls, pid: int) -> tuple[ProcessState | None, str]:
     """The driver's state of pid, or None and why it cannot tell."""
     try:
         return ProcessState(worker.state(pid)), ""
@@ -142,7 +137,7 @@ def _ask(worker: DriverWorker | _Calls, pid: int) -> tuple[ProcessState | None, 
         return None, str(e)
 
 
-def _held(recorded: GpuInventory | None) -> dict[int, int]:
+def held_bytes(recorded: GpuInventory | None) -> dict[int, int]:
     held: dict[int, int] = {}
     for p in recorded.processes if recorded else ():
         held[p.pid] = held.get(p.pid, 0) + p.used_memory
@@ -187,12 +182,12 @@ def resume(cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
     (as NVIDIA's tooling does), and once more after a short pause for those a passing error
     or hang held back. Returns the failures, each naming where a process is left."""
     live = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
-    held = _held(recorded)
+    held = held_bytes(recorded)
     calls = _Calls(worker)
     errors: dict[int, list[str]] = {pid: [] for pid in live}
     final: dict[int, str] = {}  # pid -> its failure, decided: no further try
     with thawed(cgroup):
-        asked = {pid: _ask(calls, pid) for pid in live}
+        asked = {pid: ask_state(calls, pid) for pid in live}
         guessed = {pid for pid, (state, _) in asked.items() if state is None}
         states = {pid: state if state is not None else (assumed or {}).get(pid)
                   for pid, (state, _) in asked.items()}
@@ -201,7 +196,7 @@ def resume(cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
         for attempt in range(2):
             if attempt:
                 time.sleep(RETRY_DELAY_S)
-                states = {pid: _ask(calls, pid)[0] for pid in live if pid not in final}
+                states = {pid: ask_state(calls, pid)[0] for pid in live if pid not in final}
             for pid in (p for p in live if p not in final):  # 1. restore
                 state = states.get(pid)
                 if state == ProcessState.FAILED:
@@ -217,7 +212,7 @@ def resume(cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
                         if isinstance(e, CudaError) and e.code in FINAL_RESULTS:
                             final[pid] = ""
             for pid in (p for p in live if p not in final):  # 2. unlock
-                state, _ = _ask(calls, pid)
+                state, _ = ask_state(calls, pid)
                 if state == ProcessState.LOCKED or (state is None and pid in guessed):
                     try:
                         calls.unlock(pid)
@@ -226,13 +221,13 @@ def resume(cfg: Config, worker: DriverWorker, pids: list[int], log: Log,
                             errors[pid].append(str(e))
                         if isinstance(e, CudaError) and e.code in FINAL_RESULTS:
                             final[pid] = ""
-            if all(_ask(calls, pid)[0] == ProcessState.RUNNING for pid in live
+            if all(ask_state(calls, pid)[0] == ProcessState.RUNNING for pid in live
                    if pid not in final):
                 break
         for pid in live:  # 3. where each is left
             if final.get(pid):
                 continue
-            state, unknown = _ask(calls, pid)
+            state, unknown = ask_state(calls, pid)
             if state == ProcessState.RUNNING:
                 final.pop(pid, None)
                 continue
@@ -306,7 +301,7 @@ def uses_uvm(pid: int) -> bool:
         return False
 
 
-def _stopped(pid: int) -> bool:
+def is_stopped(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
@@ -320,7 +315,7 @@ def _unsupported(worker: DriverWorker, pids: list[int], recorded: GpuInventory |
     """Every reason these processes cannot be checkpointed, found before any lock."""
     problems = []
     for pid in pids:
-        state, why = _ask(worker, pid)
+        state, why = ask_state(worker, pid)
         if state is None:
             problems.append(f"the driver does not tell the checkpoint state of pid {pid}: {why}")
         elif state == ProcessState.FAILED:
@@ -394,8 +389,8 @@ def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitSta
                 worker.initialize()  # the resume will need it; failing now changes nothing
             version = worker.driver_version()
             processes = tuple(CudaProcess(pid=pid, ns_pid=ns_pid(pid)) for pid in cuda_pids)
-            stopped = tuple(ns_pid(pid) for pid in cgroup.pids() if _stopped(pid))
-            held = _held(recorded)
+            stopped = tuple(ns_pid(pid) for pid in cgroup.pids() if is_stopped(pid))
+            held = held_bytes(recorded)
             try:
                 for pid in cuda_pids:
                     assumed[pid] = ProcessState.LOCKED  # known before the call: it may lock anyway
@@ -469,96 +464,4 @@ def rollback(cfg: Config, pids: list[int], log: Log, worker_pid: int = 0,
         worker.close()
 
 
-@dataclass
-class RestorePlan:
-    """What check_before_restore found, for restore_gpus: the worker (cuInit stays done in
-    it), the GPUs the restored container is given, and the GPU UUID pairs (None: the same
-    GPUs)."""
-
-    worker: DriverWorker
-    given: ContainerGpus | None
-    pairs: list[tuple[str, str]] | None
-
-
-def check_before_restore(cfg: Config, gpu_state: GpuState | None,
-                         spec: OciSpec | None = None) -> RestorePlan | None:
-    """Refuse early, naming every reason, when this node cannot take the GPU state; else the
-    plan of the GPU restore."""
-    if not gpu_state:
-        return None
-    refuse_criu_cuda_plugin()
-    if not driver_present(cfg):
-        raise IncompatibleNode([f"the checkpoint holds GPU state, but this node has no CUDA "
-                                f"driver ({cfg.gpu_cuda_library} cannot be loaded)"])
-    worker = new_worker(cfg)
-    try:
-        current = worker.inventory()
-        given = visibility.container_gpus(current.gpus, spec) if current and spec else None
-        visible = gpu_state.visible_gpus
-        problems = compat.mismatches(gpu_state.inventory, current, visible, given)
-        if problems:
-            raise IncompatibleNode(problems)
-        pairs = compat.uuid_pairs(gpu_state.inventory, current, visible, given)
-    except BaseException:
-        worker.close()
-        raise
-    return RestorePlan(worker, given, pairs)
-
-
-def restore_gpus(cfg: Config, gpu_state: GpuState, plan: RestorePlan, cgroup: Cgroup,
-                 log: Log) -> list[int]:
-    """After CRIU restored the processes, stopped: GPU restore (with UUID pairs) then unlock,
-    each with only its restore thread running; then every process goes on."""
-    worker = plan.worker
-    try:
-        recorded = gpu_state.inventory
-        current = worker.inventory()
-        if recorded is not None and current is not None:
-            shortfalls = compat.memory_shortfalls(recorded, current, gpu_state.visible_gpus,
-                                                  plan.given)
-            if shortfalls:
-                raise IncompatibleNode(shortfalls)
-        all_pids = cgroup.pids()
-        by_ns = {ns_pid(pid): pid for pid in all_pids}
-        wanted = {p.ns_pid for p in gpu_state.processes}
-        missing = sorted(wanted - set(by_ns))
-        if missing:
-            raise RestoreError(f"CUDA processes {missing} (pids in the container) were not "
-                               "restored")
-        pids = [by_ns[n] for n in sorted(wanted)]
-        held_by_ns = {p.ns_pid: _held(recorded).get(p.pid, 0) for p in gpu_state.processes}
-        tids = {}
-        for pid in pids:
-            tid = worker.restore_thread(pid)
-            if tid is None:
-                raise RestoreError(f"pid {pid} (pid {ns_pid(pid)} in the container) was a CUDA "
-                                   "process, but the driver knows no restore thread for it now")
-            tids[pid] = tid
-        with contextlib.ExitStack() as running:
-            for pid in pids:
-                running.enter_context(restore_thread.running_alone(pid, tids[pid]))
-            for pid in pids:
-                state, why = _ask(worker, pid)
-                if state != ProcessState.CHECKPOINTED:
-                    raise RestoreError(f"pid {pid} is {state.name if state else why} after the "
-                                       "CRIU restore; it must be CHECKPOINTED")
-                worker.restore(pid, plan.pairs, held_by_ns.get(ns_pid(pid), 0))
-            for pid in pids:
-                worker.unlock(pid)
-            for pid in pids:
-                state, why = _ask(worker, pid)
-                if state != ProcessState.RUNNING:
-                    raise RestoreError(f"pid {pid} is {state.name if state else why} after its "
-                                       "GPU restore and unlock")
-        keep_stopped = set(gpu_state.stopped_ns_pids)
-        restore_thread.continue_processes(
-            [pid for pid in cgroup.pids() if _stopped(pid) and ns_pid(pid) not in keep_stopped])
-    finally:
-        worker.close()
-    log.info(f"GPU: restored and unlocked CUDA processes {pids}"
-             + (f" onto other GPUs {plan.pairs}" if plan.pairs else ""))
-    return pids
-
-
-__all__ = ["DriverTimeout", "RestorePlan", "check_before_restore", "restore_gpus", "resume",
-           "rollback", "suspend_for_checkpoint"]
+__all__ = ["DriverTimeout", "resume", "rollback", "suspend_for_checkpoint"]

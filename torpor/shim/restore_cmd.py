@@ -135,10 +135,10 @@ def run(ctx: Context) -> int:
             spec.flush(bundle, config)
         lowlevel.exec_runtime(ctx.runtime, inv.argv)
     assert state is not None
-    from torpor.gpu import session
+    from torpor.gpu import restore as gpu_restore
 
     # 4. GPU: refuse early; CRIU is to leave the restored tasks stopped until step 8
-    gpu_plan = session.check_before_restore(ctx.cfg, state.gpu, config)
+    gpu_plan = gpu_restore.check_before_restore(ctx.cfg, state.gpu, config)
     plan_path = os.path.join(record, names.RESTORE_PLAN)
     criu_config = os.path.join(record, names.CRIU_RESTORE_CONFIG)
     with contextlib.ExitStack() as undo:
@@ -168,7 +168,7 @@ def run(ctx: Context) -> int:
         if state.gpu is not None and gpu_plan is not None:
             undo.callback(_kill_on_failure, ctx, container_id)
             pid = _read_pid(inv.flag("pid-file"))
-            session.restore_gpus(ctx.cfg, state.gpu, gpu_plan, Cgroup.of_pid(pid), ctx.log)
+            gpu_restore.restore_gpus(ctx.cfg, state.gpu, gpu_plan, Cgroup.of_pid(pid), ctx.log)
         undo.pop_all()
     records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
