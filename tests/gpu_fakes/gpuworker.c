@@ -70,9 +70,12 @@ static void start_sleeper(const char *token) {
     if (fd >= 0) close(fd);
 }
 
+static volatile int restore_thread_named;
+
 static void *restore_thread(void *unused) {
     (void)unused;
     prctl(PR_SET_NAME, "cuda-restore", 0, 0, 0);
+    restore_thread_named = 1;
     for (;;) pause();
     return NULL;
 }
@@ -111,6 +114,12 @@ int main(int argc, char **argv) {
     signal(SIGCHLD, SIG_IGN);
     pthread_t thread;
     pthread_create(&thread, NULL, restore_thread, NULL);
+    /* the driver's restore thread exists once cuInit has returned: only then is this process
+       ready (its counter file appears), as a CUDA process is once it initialised CUDA */
+    while (!restore_thread_named) {
+        struct timespec tick = {0, 100000L};
+        nanosleep(&tick, NULL);
+    }
     char path[512], line[64];
     snprintf(path, sizeof path, "/tmp/counter.%s", token);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
