@@ -103,9 +103,10 @@ def containers(node: Node) -> Iterator[list[str]]:
 
 
 def kv_ask(node: Node, name: str, line: str, host: str = "127.0.0.1", port: int = 7000) -> str:
-    """One request over a new connection, from inside the container (busybox nc waits up to 5s
-    for the answer after sending: a loaded machine can take more than a second)."""
-    return exec_out(node, name, "sh", "-c", f"echo '{line}' | nc -w5 {host} {port}").strip()
+    """One request over a new connection, from inside the container (busybox nc waits up to 15 s
+    for the answer after sending: a process CRIU has just restored, on a loaded 2-core machine,
+    has been seen to take more than 5)."""
+    return exec_out(node, name, "sh", "-c", f"echo '{line}' | nc -w15 {host} {port}").strip()
 
 
 def wait_kv(node: Node, name: str, port: int = 7000) -> None:
