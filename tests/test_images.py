@@ -186,7 +186,8 @@ def test_inspect_ls_rm(two_nodes: tuple[Node, Node], pushed_image: dict[str, str
     assert {"sh", "kvserver"} <= names
     assert any(s["port"] == 7000 and s["state"] == "listen" for s in info["network"]["sockets"])
     kinds = {layer["mediaType"] for layer in info["layers"]}
-    assert "application/vnd.torpor.checkpoint.criu.v1.tar+zstd" in kinds
+    assert {"application/vnd.torpor.checkpoint.chunk-index.v1+json+zstd",
+            "application/vnd.torpor.checkpoint.pack.v1"} <= kinds
     assert info["sizes"]["memory_pages"] > 0 and info["node"]["criu_version"] == "4.2.1"
     text = torpor(a, "inspect", pushed_image["ref"]).stdout
     assert "kvserver" in text and "layers" in text
@@ -287,7 +288,8 @@ def test_unsafe_layer_entries_are_refused(two_nodes: tuple[Node, Node], layout_c
 def test_damaged_and_odd_images_are_refused(two_nodes: tuple[Node, Node], layout_copy: Path,
                                             tmp_path: Path) -> None:
     _, b = two_nodes
-    layers = state_layers(layout_copy)
+    layers = [layer for layer in state_layers(layout_copy)
+              if layer["mediaType"].endswith("state.v1.tar+zstd")]
     blob = layout_copy / "blobs" / "sha256" / layers[0]["digest"].split(":")[1]
     original = blob.read_bytes()
 
@@ -331,7 +333,7 @@ def test_tampered_registry_blob_is_refused(two_nodes: tuple[Node, Node],
     registry = registries["plain"]
     info = json.loads(torpor(a, "inspect", pushed_image["ref"], "--json").stdout)
     criu = next(layer for layer in info["layers"]
-                if layer["mediaType"].endswith("criu.v1.tar+zstd"))
+                if layer["mediaType"] == "application/vnd.torpor.checkpoint.pack.v1")
     data = registry.blob_data(criu["digest"])
     original = data.read_bytes()
     try:

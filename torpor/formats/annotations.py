@@ -12,6 +12,13 @@ CONTAINER = "io.torpor.checkpoint.container"  # the checkpointed container's id
 FORMAT = "io.torpor.checkpoint.format"        # names.CHECKPOINT_FORMAT
 PART = "io.torpor.checkpoint.part"            # "i/n" on CRIU image parts
 ROLE_RUNNABLE, ROLE_STATE = "runnable", "state"
+# on the state manifest: this generation against the one it was built on (docs/format.md)
+PREVIOUS = "io.torpor.checkpoint.previous"    # the previous generation's image index digest
+NEW_BYTES = "io.torpor.checkpoint.new-bytes"  # bytes of blobs the previous one did not have
+CHUNKS_NEW_BYTES = "io.torpor.checkpoint.memory.new-bytes"  # of which new packs
+ESTIMATE_FULL = "io.torpor.checkpoint.estimate.full-bytes"  # `torpor estimate` beforehand
+ESTIMATE_NEW = "io.torpor.checkpoint.estimate.new-bytes"
+ESTIMATE_AT = "io.torpor.checkpoint.estimate.created"
 
 # OCI's own (image-spec annotations.md)
 CREATED = "org.opencontainers.image.created"

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from torpor.errors import ImageError, UnsafeArchive
+from torpor.formats.mediatypes import CHUNK_INDEX, PACK, PACK_INDEX
 
-CHUNK_INDEX = "application/vnd.torpor.checkpoint.chunk-index.v1+json"
-PACK = "application/vnd.torpor.checkpoint.pack.v1"
-PACK_INDEX = "application/vnd.torpor.checkpoint.pack-index.v1+json"
+__all__ = ["CHUNK_INDEX", "PACK", "PACK_INDEX", "ChunkIndex", "ChunkRecord", "Chunking",
+           "FileRecord", "PackIndex", "PackRecord", "safe_name"]
 VERSION = 1
 CHUNKER = "page-crc32-v1"   # chunker.py's boundaries: a page's CRC-32 below a threshold
 COMPRESSION = "zstd"        # each chunk one zstd frame, content size written, no checksum

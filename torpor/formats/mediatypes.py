@@ -35,6 +35,11 @@ CRIU_LAYER = "application/vnd.torpor.checkpoint.criu.v1.tar+zstd"
 VOLUMES_LAYER = "application/vnd.torpor.checkpoint.volumes.v1.tar+zstd"
 STATE_LAYER = "application/vnd.torpor.checkpoint.state.v1.tar+zstd"
 METADATA_LAYER = "application/vnd.torpor.checkpoint.metadata.v1+json"  # encrypted images only
-STATE_LAYER_TYPES = (CRIU_LAYER, VOLUMES_LAYER, STATE_LAYER)
+# CRIU's images as content-defined chunks (formats/chunk_index.py, docs/format.md)
+CHUNK_INDEX = "application/vnd.torpor.checkpoint.chunk-index.v1+json"
+CHUNK_INDEX_ZSTD = CHUNK_INDEX + "+zstd"         # the same JSON, one zstd frame: what torpor writes
+PACK = "application/vnd.torpor.checkpoint.pack.v1"
+PACK_INDEX = "application/vnd.torpor.checkpoint.pack-index.v1+json"  # inside each pack
+STATE_LAYER_TYPES = (CRIU_LAYER, VOLUMES_LAYER, STATE_LAYER, CHUNK_INDEX, CHUNK_INDEX_ZSTD, PACK)
 # ocicrypt's encrypted layers: the plain type + this suffix (torpor.image.ocicrypt)
 ENCRYPTED_SUFFIX = "+encrypted"

@@ -6,10 +6,15 @@
     │     layers  the base image's layers (same digests) + the read-write layer (tar+zstd)
     └── state manifest, platform unknown/unknown, artifactType application/vnd.torpor.checkpoint.v1
           config  checkpoint.json (container, spec, image, options, node, state, sizes, timings)
-          layers  CRIU images in parts, volumes, torpor's state (each tar+zstd)
+          layers  the chunk index of CRIU's images, the packs it needs (chunks.py, packs.py),
+                  volumes, torpor's state (tar+zstd)
 
-Every layer is compressed once, in parallel, with its digest and size computed in the same
-pass; the base image's layers are copied from containerd's content store, digest-checked.
+CRIU's images are cut into content-defined chunks; only chunks the previous generation does not
+hold are compressed and written, in new packs, and the packs of the previous generation that
+still hold needed chunks are linked in, so that the layout is complete on its own. Every other
+layer is deterministic (layers.py): the same files give the same digest. Layers are compressed
+in parallel, with digest and size computed in the same pass; the base image's layers are copied
+from containerd's content store, digest-checked.
 """
 
 from __future__ import annotations
@@ -23,21 +28,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
+from torpor.formats.chunk_index import ChunkIndex
 from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
 from torpor.image import documents
 from torpor.image import layers as layer_io
+from torpor.image.generations import Previous, link_or_copy, params_of
+from torpor.image.packs import GenerationStats, WrittenGeneration, write_generation
 from torpor.registry.layout import Layout
 
-PIECE = 64 << 20          # a big file is split into pieces of this size
-MIN_PART = 64 << 20       # and pieces are grouped into parts of at least this size
+PIECE = 64 << 20          # a big volume archive is split into pieces of this size
+PART = 128 << 20          # and pieces are grouped into layers of about this size (fixed, so
+                          # that the same files give the same layers on any node)
+INDEX_LEVEL = 3           # the chunk index compresses to about half (its digests do not)
 Progress = Callable[[int], None]
 
 
@@ -48,8 +60,11 @@ class BuiltImage:
     runnable: Descriptor
     state: Descriptor
     raw_bytes: int         # the checkpoint's files, uncompressed
-    compressed_bytes: int  # the new layers (base layers not counted)
+    compressed_bytes: int  # the state layers and the read-write layer (base layers not counted)
     seconds: float
+    new_bytes: int = 0     # blobs the previous generation did not have (what a push sends)
+    chunks: GenerationStats | None = None
+    previous: str | None = None   # the local image it built on
 
 
 def _json_blob(layout: Layout, document: dict[str, Any], media_type: str,
@@ -109,11 +124,42 @@ def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) 
 BlobSink = Callable[[Path, Descriptor], None]
 
 
+def compress_index(index: ChunkIndex) -> bytes:
+    """The chunk index blob: its deterministic JSON as one zstd frame (content size written)."""
+    compressor = zstandard.ZstdCompressor(level=INDEX_LEVEL, write_checksum=False,
+                                          write_content_size=True, write_dict_id=False, threads=0)
+    return compressor.compress(index.to_json())
+
+
+def _place_packs(layout: Layout, generation: WrittenGeneration, staging: Path,
+                 previous: Previous | None) -> list[Descriptor]:
+    """Every pack of the generation into the layout, in index order: new ones moved from
+    staging, old ones linked from the previous generation's."""
+    new = {p.digest for p in generation.new_packs}
+    out = []
+    for pack in generation.index.packs:
+        path = layout.blob_path(pack.digest)
+        layout.blob_dir(pack.digest)
+        hex_part = pack.digest.split(":", 1)[1]
+        if pack.digest in new:
+            os.replace(staging / hex_part, path)
+        elif not path.exists():
+            if previous is None or pack.digest not in previous.packs:
+                raise ImageError(f"pack {pack.digest} of the previous generation is gone")
+            link_or_copy(previous.packs[pack.digest], path)
+        out.append(Descriptor(mt.PACK, pack.digest, pack.size,
+                              {"mediaType": mt.PACK, "digest": pack.digest, "size": pack.size}))
+    return out
+
+
 def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | None = None,
           level: int = 1, workers: int = 0, progress: Progress | None = None,
-          on_blob: BlobSink | None = None) -> BuiltImage:
+          on_blob: BlobSink | None = None, previous: Previous | None = None,
+          annotations: dict[str, str] | None = None) -> BuiltImage:
     """Build the image into `layout_dir`; `on_blob(path, descriptor)` hears of each new layer
-    as soon as it is written (from a worker thread), to upload it early."""
+    as soon as it is written (from a worker thread), to upload it early. CRIU's images are
+    stored as chunks, only those the `previous` generation does not hold being written again;
+    `annotations` go on the state manifest."""
     started = time.monotonic()
     moving = threading.Lock()
 
@@ -132,7 +178,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
     staging = Path(layout_dir) / ".torpor-build"
     staging.mkdir(mode=0o700, exist_ok=True)
     try:
-        files = [f.path for f in metadata.files]
+        files = sorted(f.path for f in metadata.files)
         raw_bytes = sum(f.size for f in metadata.files)
         criu_dir, ours = f"{names.CRIU_DIR}/", f"{names.CRIU_DIR}/{names.STATE_PREFIX}"
         criu = [p for p in files if p.startswith(criu_dir) and not p.startswith(ours)]
@@ -140,23 +186,39 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
                                                      f"{criu_dir}{names.DEV_SHM_ARCHIVE}"))]
         state = [p for p in files if p.startswith(ours) and p not in volumes]
         state += [p for p in files if p == names.CRIU_DUMP_LOG]
-        criu_pieces = layer_io.pieces_of(directory, criu, PIECE)
-        cpus = os.cpu_count() or 1
-        target = max(MIN_PART, sum(p.length for p in criu_pieces) // (2 * cpus) + 1)
+
+        # CRIU's images: chunks in packs, then the chunk index
+        pack_staging = staging / "packs"
+        pack_staging.mkdir(mode=0o700)
+        generation = write_generation(
+            directory, criu, str(pack_staging), known=previous.known() if previous else None,
+            params=params_of(previous.chunks if previous else None), workers=workers)
+        if progress:
+            progress(generation.stats.total_bytes)
+        pack_layers = _place_packs(layout, generation, pack_staging, previous)
+        if on_blob is not None:
+            for pack_layer in pack_layers:
+                on_blob(layout.blob_path(pack_layer.digest), pack_layer)
+        index_blob = compress_index(generation.index)
+        index_layer = Descriptor(mt.CHUNK_INDEX_ZSTD, sha256_digest(index_blob), len(index_blob))
+        layout.write_small(index_layer.digest, index_blob, durable=False)
+        index_layer = Descriptor(index_layer.media_type, index_layer.digest, index_layer.size,
+                                 index_layer.to_json())
+        if on_blob is not None:
+            on_blob(layout.blob_path(index_layer.digest), index_layer)
+
+        # volumes and torpor's state: deterministic tar+zstd layers
         jobs: list[tuple[str, list[layer_io.Piece]]] = [
-            (mt.CRIU_LAYER, g) for g in layer_io.group(criu_pieces, target)]
-        jobs += [(mt.VOLUMES_LAYER, g) for g in
-                 layer_io.group(layer_io.pieces_of(directory, volumes, PIECE), target)]
+            (mt.VOLUMES_LAYER, g) for g in
+            layer_io.group(layer_io.pieces_of(directory, volumes, PIECE), PART)]
         jobs.append((mt.STATE_LAYER, layer_io.pieces_of(directory, state, PIECE)))
         kinds = {id(g): kind for kind, g in jobs}
         written = layer_io.write_layers(
             [g for _, g in jobs], str(staging), level, workers, progress,
             on_done=lambda layer: early(layer, kinds[id(layer.pieces)]))
-        parts = sum(1 for kind, _ in jobs if kind == mt.CRIU_LAYER)
-        state_layers = []
-        for i, ((kind, _), layer) in enumerate(zip(jobs, written, strict=True)):
-            annotations = {ann.PART: f"{i + 1}/{parts}"} if kind == mt.CRIU_LAYER else {}
-            state_layers.append(_adopt(layout, layer, kind, annotations))
+        state_layers = [index_layer, *pack_layers]
+        for (kind, _), layer in zip(jobs, written, strict=True):
+            state_layers.append(_adopt(layout, layer, kind, {}))
 
         diff = os.path.join(directory, names.ROOTFS_DIFF)
         diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
@@ -167,10 +229,6 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         container_id = metadata.container.id
         config_desc = _json_blob(layout, metadata.to_json(), mt.CHECKPOINT_CONFIG)
         created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        state_desc = _json_blob(layout, documents.state_manifest(
-            config_desc, state_layers, created_at, container_id), mt.OCI_MANIFEST,
-            documents.state_entry())
-
         base_manifest = containerd_image.read_json(client, base.manifest.digest)
         base_config = containerd_image.read_json(client, base.config_digest)
         for layer in base_manifest.get("layers", []):
@@ -181,6 +239,23 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         run_config = documents.runnable_config(
             base_config, diff_layer.diff_id if diff_layer else None, created_at, container_id)
         run_config_desc = _json_blob(layout, run_config, mt.OCI_CONFIG)
+
+        # what this generation adds to the previous one
+        base_digests = {str(layer.get("digest")) for layer in base_manifest.get("layers", [])}
+        ours_now = [*state_layers, config_desc, run_config_desc]
+        if diff_layer is not None:
+            ours_now.append(Descriptor(mt.OCI_LAYER_ZSTD, diff_layer.digest, diff_layer.size))
+        held = previous.blobs if previous else frozenset()
+        new_bytes = sum(d.size for d in {d.digest: d for d in ours_now}.values()
+                        if d.digest not in held and d.digest not in base_digests)
+        generation_notes = {ann.NEW_BYTES: str(new_bytes),
+                            ann.CHUNKS_NEW_BYTES: str(generation.stats.new_pack_bytes)}
+        if previous is not None:
+            generation_notes[ann.PREVIOUS] = previous.index_digest
+        state_desc = _json_blob(layout, documents.state_manifest(
+            config_desc, state_layers, created_at, container_id,
+            {**generation_notes, **(annotations or {})}), mt.OCI_MANIFEST,
+            documents.state_entry())
         runnable_desc = _json_blob(layout, documents.runnable_manifest(
             run_config_desc, run_layers, created_at, base.name, base.manifest.digest,
             container_id), mt.OCI_MANIFEST, documents.runnable_entry(run_config))
@@ -195,5 +270,5 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         shutil.rmtree(staging, ignore_errors=True)
     compressed = sum(d.size for d in state_layers) + (diff_layer.size if diff_layer else 0)
     return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
-                      compressed, time.monotonic() - started)
-
+                      compressed, time.monotonic() - started, new_bytes, generation.stats,
+                      previous.ref if previous else None)

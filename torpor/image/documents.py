@@ -21,11 +21,12 @@ def canonical(document: OciDocument) -> bytes:
 
 
 def state_manifest(config: Descriptor, layers: list[Descriptor], created: str,
-                   container_id: str) -> OciDocument:
+                   container_id: str, extra: dict[str, str] | None = None) -> OciDocument:
+    """`extra`: more annotations (the generation's figures, the estimate made before it)."""
     return {
         "schemaVersion": 2, "mediaType": mt.OCI_MANIFEST, "artifactType": mt.ARTIFACT_TYPE,
         "config": config.to_json(), "layers": [d.to_json() for d in layers],
-        "annotations": {ann.CREATED: created, ann.CONTAINER: container_id,
+        "annotations": {**(extra or {}), ann.CREATED: created, ann.CONTAINER: container_id,
                         ann.FORMAT: names.CHECKPOINT_FORMAT},
     }
 

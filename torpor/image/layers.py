@@ -5,13 +5,17 @@ TORPOR.range "<offset> <total>") streamed from disk through one pass that writes
 compresses with zstd and computes the compressed digest and size (and, for image layers, the
 uncompressed diff ID); several layers compress at once, on threads, since zstd and sha256
 release the GIL. A checkpoint never sits in Python's memory.
+
+Layers are deterministic: the same files give the same bytes, hence the same digest, on any
+node, whenever written: entries in the order given (build.py sorts them), headers with fixed
+metadata (mode 0600, owner 0:0, mtime 0: extraction writes every file 0600 anyway), one zstd
+frame per layer at a fixed level, single-threaded, no checksum.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import tarfile
 import threading
 from collections.abc import Callable, Iterable
@@ -90,7 +94,9 @@ class _Sink:
         self.raw = hashlib.sha256() if diff_id else None  # only image layers need a diff ID
         self.raw_size = 0
         self.size = 0
-        self.compressor = zstandard.ZstdCompressor(level=level).compressobj()
+        self.compressor = zstandard.ZstdCompressor(
+            level=level, write_checksum=False, write_content_size=False, write_dict_id=False,
+            threads=0).compressobj()
 
     def _emit(self, data: bytes) -> None:
         if data:
@@ -108,11 +114,12 @@ class _Sink:
         self._emit(self.compressor.flush())
 
 
-def _header(piece: Piece, st: os.stat_result) -> bytes:
+def _header(piece: Piece) -> bytes:
+    """A tar header that depends on the name and the bytes only (no time, owner or mode)."""
     info = tarfile.TarInfo(piece.name)
     info.size = piece.length
-    info.mode = stat.S_IMODE(st.st_mode)
-    info.mtime = int(st.st_mtime)
+    info.mode = 0o600
+    info.mtime = 0
     if piece.is_range:
         info.pax_headers = {RANGE_PAX: f"{piece.offset} {piece.total}"}
     return info.tobuf(format=tarfile.PAX_FORMAT)
@@ -129,7 +136,7 @@ def write_layer(pieces: list[Piece], out_path: str, level: int = 1,
                 st = os.fstat(src.fileno())
                 if st.st_size != piece.total:
                     raise ImageError(f"{piece.path} changed size while it was being packed")
-                sink.write(_header(piece, st))
+                sink.write(_header(piece))
                 src.seek(piece.offset)
                 left = piece.length
                 while left:

@@ -110,6 +110,31 @@ class Store:
             raise ImageError(f"no local checkpoint image {ref}", hint="see `torpor ls`")
         shutil.rmtree(self._entry(ref))
 
+    def layouts(self) -> list[tuple[str, Path]]:
+        """(reference, layout directory) of every image, without reading the layouts."""
+        out = []
+        for entry in sorted((self.root / "images").glob("*")):
+            try:
+                ref = (entry / "ref").read_text()
+            except OSError:
+                continue
+            if (entry / "layout" / "index.json").exists():
+                out.append((ref, entry / "layout"))
+        return out
+
+    def find_blob(self, digest: str, size: int) -> Path | None:
+        """A file of some image's layout holding the blob `digest` of `size` bytes (not hashed
+        here: whoever reads it checks it), so that it is linked, not fetched or written again."""
+        hex_part = digest.split(":", 1)[-1]
+        for _, layout in self.layouts():
+            path = layout / "blobs" / "sha256" / hex_part
+            try:
+                if path.stat().st_size == size:
+                    return path
+            except OSError:
+                continue
+        return None
+
     def entries(self) -> list[StoreEntry]:
         out = []
         for entry in sorted((self.root / "images").glob("*")):

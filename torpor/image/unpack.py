@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 from torpor.archive import safe_name
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -35,10 +37,11 @@ from torpor.errors import AlreadyExists, FormatError, ImageError, RestoreError, 
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
+from torpor.formats.chunk_index import MAX_INDEX_BYTES, ChunkIndex
 from torpor.formats.digests import sha256_digest
 from torpor.formats.metadata import BaseImage, CheckpointMetadata
 from torpor.formats.oci import Descriptor, OciDocument
-from torpor.image import clear_metadata, extract, ocicrypt
+from torpor.image import clear_metadata, extract, ocicrypt, reassemble
 from torpor.image import directory as checkpoint_dir
 from torpor.image.encryption_annotations import open_layer_key
 from torpor.image.encryption_keys import DecryptionKey
@@ -343,6 +346,8 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
         for layer in layer_list:
             if not layout.has_blob(layer.digest):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
+        rebuild_chunked(image, layout, target, keys, work, expected)
+        layer_list = [d for d in layer_list if plain_type(d.media_type) not in CHUNKED_TYPES]
 
         def one(layer: Descriptor) -> None:
             path, plain, remove = open_blob(layout, layer, keys, work)
@@ -379,6 +384,80 @@ def _check_free_space(directory: str, needed: int) -> None:
     if needed > free:
         raise ImageError(f"the checkpoint unpacks to {needed} bytes; {directory} has {free} free",
                          hint="free space there, or point [image] store elsewhere")
+
+
+# CRIU's images as chunks (docs/format.md "Memory images in chunks") ----------------------------
+
+INDEX_TYPES = (mt.CHUNK_INDEX, mt.CHUNK_INDEX_ZSTD)
+CHUNKED_TYPES = (*INDEX_TYPES, mt.PACK)
+
+
+def index_layer(image: CheckpointImage) -> Descriptor | None:
+    """The state manifest's chunk index layer; None for an image of CRIU tar parts only."""
+    found = [d for d in image.state_layers if plain_type(d.media_type) in INDEX_TYPES]
+    if len(found) > 1:
+        raise ImageError(f"state manifest {image.state.digest} lists {len(found)} chunk indexes")
+    return found[0] if found else None
+
+
+def read_index(layout: Layout, descriptor: Descriptor) -> ChunkIndex:
+    """A chunk index blob, digest-checked, its size capped before and after decompression."""
+    return _index_from(layout.read_small(descriptor, MAX_INDEX_BYTES, "chunk index"), descriptor)
+
+
+def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
+                    keys: Sequence[DecryptionKey] = (), work: str | None = None,
+                    expected: dict[str, int] | None = None) -> None:
+    """CRIU's image files from the chunk index and its packs, into `target` (reassemble.py:
+    limits first, every chunk and file digest-checked). Every pack the index names must be a
+    layer of the state manifest (so a registry holds it beside the image), and every file one
+    of CRIU's that the metadata lists (`expected`), with the size it says. Encrypted index and
+    packs are decrypted into `work` first, each checked, and removed after."""
+    layer = index_layer(image)
+    if layer is None:
+        return
+    opened: list[str] = []
+    try:
+        path, plain, remove = open_blob(layout, layer, keys, work or target)
+        if remove:
+            opened.append(path)
+            chunks = _index_from(Path(path).read_bytes(), plain)
+        else:
+            chunks = read_index(layout, plain)
+        packs = {}
+        for pack in (d for d in image.state_layers if plain_type(d.media_type) == mt.PACK):
+            pack_path, pack_plain, remove = open_blob(layout, pack, keys, work or target)
+            if remove:
+                opened.append(pack_path)
+            packs[pack_plain.digest] = pack_path
+        unlisted = [p.digest for p in chunks.packs if p.digest not in packs]
+        if unlisted:
+            raise ImageError(f"the chunk index names packs the state manifest does not list: "
+                             f"{', '.join(unlisted[:3])}")
+        outside = [f.name for f in chunks.files if not f.name.startswith(names.CRIU_DIR + "/")
+                   or f.name.split("/")[-1].startswith(names.STATE_PREFIX)
+                   or (expected is not None and expected.get(f.name) != f.size)]
+        if outside:
+            raise ImageError(f"the chunk index holds files the checkpoint's metadata does not "
+                             f"list as CRIU's images: {outside[:3]}")
+        reassemble.rebuild(chunks, packs.__getitem__, target)
+    finally:
+        for path in opened:
+            os.unlink(path)
+
+
+def _index_from(data: bytes, descriptor: Descriptor) -> ChunkIndex:
+    if len(data) > MAX_INDEX_BYTES:
+        raise ImageError(f"chunk index {descriptor.digest} is over {MAX_INDEX_BYTES} bytes")
+    if descriptor.media_type == mt.CHUNK_INDEX_ZSTD:
+        try:
+            if zstandard.frame_content_size(data) > MAX_INDEX_BYTES:
+                raise ImageError(f"chunk index {descriptor.digest} inflates past "
+                                 f"{MAX_INDEX_BYTES} bytes")
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_INDEX_BYTES)
+        except zstandard.ZstdError as e:
+            raise ImageError(f"chunk index {descriptor.digest} is not a zstd frame: {e}") from None
+    return ChunkIndex.from_json(data)
 
 
 def import_runnable(client: Client, image: CheckpointImage, layout_dir: str, name: str,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torpor.capture import journal as journals
@@ -53,7 +54,7 @@ from torpor.image import build as image_build
 from torpor.image import encrypt_layout
 from torpor.image.encryption_keys import Recipient
 from torpor.image.store import Store
-from torpor.ops import recover
+from torpor.ops import generation, recover
 from torpor.ops.access import RegistryAccess
 from torpor.ops.checkpoint_dir import CheckpointedContainer, checkpoint_into
 from torpor.ops.sources import mount_from, registry_options, tag_of
@@ -96,6 +97,8 @@ class CheckpointResult:
     raw_bytes: int = 0                # the checkpoint's files, uncompressed
     compressed_bytes: int = 0         # the image's new layers
     pushed: PushSummary | None = None
+    new_bytes: int = 0                # blobs the previous generation did not have
+    previous: str | None = None       # the local image it was built on
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("sizes", "pushed")}
@@ -173,15 +176,21 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         os.path.join(plan.scratch, "layout")
     t = time.monotonic()
     txn.step("compressing")
+    # the generation it builds on: only what that one lacks is written (ops/generation.py)
+    basis = generation.basis(txn.client, cfg, Store(cfg.image_store), container.record.id,
+                             container.record.image, ref,
+                             Path(plan.scratch) / "held")
     if early is not None and not target.recipients:
         progress.step(f"compressing layers (zstd, in parallel) and pushing them to {ref}")
         with early:  # waits for the uploads; the first that failed raises
             built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
-                                      level=cfg.image_zstd_level, on_blob=early.submit)
+                                      level=cfg.image_zstd_level, on_blob=early.submit,
+                                      previous=basis.previous, annotations=basis.annotations)
     else:
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
-                                  level=cfg.image_zstd_level)
+                                  level=cfg.image_zstd_level, previous=basis.previous,
+                                  annotations=basis.annotations)
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
         built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))
@@ -206,7 +215,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     return CheckpointResult(container.record.id, stopped, metadata.sizes, timings, ref=ref,
                             layout=layout, digest=built.index.digest,
                             raw_bytes=built.raw_bytes, compressed_bytes=built.compressed_bytes,
-                            pushed=pushed)
+                            pushed=pushed, new_bytes=built.new_bytes, previous=built.previous)
 
 
 def _failed(txn: Transaction, container_id: str, error: BaseException) -> BaseException:

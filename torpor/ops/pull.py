@@ -3,7 +3,8 @@ with -o DIR).
 
 Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint
 within the limits of `[restore]`, that the decryption keys (if any) open every encrypted layer
-and that the layers fit on disk; 2. download every layer (in parallel, resuming dropped
+and that the layers fit on disk; 2. link the layers some image of the store already holds
+(packs of earlier generations) and download the others (in parallel, resuming dropped
 transfers, each digest-checked) into a new layout beside the store's current copy of REF; 3.
 with decryption keys: decrypt the layers in the layout (image.encrypt_layout.decrypt_layout),
 each checked before anything changes; 4. the new layout replaces the store's copy of REF in one
@@ -21,6 +22,7 @@ from torpor.config import Config
 from torpor.image import encrypt_layout, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
+from torpor.ops import generation
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import check_download_space, image_of_plan, registry_options, tag_of
 from torpor.registry import fetch_metadata
@@ -48,10 +50,13 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
         if keys:
             unpack.check_keys(image, keys)
         check_download_space(plan, cfg)
-        progress.step(f"downloading {len(plan.layers)} layers")
         with contextlib.ExitStack() as staged:
             layout = out or str(staged.enter_context(store.staging(ref)))
-            result = plan.download(layout, progress=progress.transfer("downloaded"))
+            hold = staged.enter_context(store.scratch())  # what the store has: linked
+            held = generation.hold_for_pull(plan, store, hold)
+            layers = generation.place_for_pull(plan, held, layout)
+            progress.step(f"downloading {len(layers)} layers ({len(held)} already here)")
+            result = plan.download(layout, layers, progress=progress.transfer("downloaded"))
             if keys and image.encrypted:
                 progress.step("decrypting the layers")
                 encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))

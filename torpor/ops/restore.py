@@ -59,7 +59,7 @@ from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
-from torpor.ops import kube
+from torpor.ops import generation, kube
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
     SourceKind,
@@ -184,10 +184,13 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace)
-                progress.step(f"downloading {len(plan.layers)} layers")
                 t = time.monotonic()
                 with store.staging(source) as staged:  # the previous copy stays till it is whole
-                    plan.download(staged, progress=progress.transfer("downloaded"))
+                    held = generation.hold_for_pull(plan, store, scratch / "held")
+                    layers = generation.place_for_pull(plan, held, staged)  # the store has them
+                    progress.step(f"downloading {len(layers)} layers "
+                                  f"({len(held)} already here)")
+                    plan.download(staged, layers, progress=progress.transfer("downloaded"))
                 layout = str(store.layout(source))
                 timings["pull_s"] = time.monotonic() - t
         else:

@@ -1,0 +1,195 @@
+"""A checkpoint image as one generation of a chain: its chunk index, the previous generation a
+new one builds on, and the blobs the local store already holds.
+
+A new generation stores only the chunks its previous generation does not hold (packs.py), so
+building one starts by finding that previous generation in the local store, in this order:
+ 1. the image the container was restored from (containerd's image label io.torpor.checkpoint
+    names its index digest);
+ 2. the store's image under the same reference (an older `latest`);
+ 3. the newest image of the same container (the image index's container annotation);
+ 4. the newest image of the same repository.
+Its packs are hard-linked into a holding directory first, so that replacing the store entry
+they live in (a moving tag) does not lose them before the new image links them in.
+
+A pull or restore links the blobs the store already holds (any image's layout) instead of
+downloading them; every blob is still checked where it is read (chunks and files by their
+sha256 in a rebuild, tar layers as they are extracted, containerd on import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from torpor.errors import ImageError
+from torpor.formats import annotations as ann
+from torpor.formats.chunk_index import ChunkIndex
+from torpor.formats.oci import Descriptor
+from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams
+from torpor.image.packs import ChunkLocation, known_chunks
+from torpor.image.store import Store
+from torpor.image.unpack import MANIFEST_LIMIT, index_layer, open_layout, read_index
+from torpor.registry.layout import Layout
+from torpor.registry.reference import parse_reference
+
+
+def params_of(index: ChunkIndex | None) -> ChunkerParams:
+    """Cut a next generation as its previous one was cut, so that their chunks match."""
+    if index is None:
+        return DEFAULT_PARAMS
+    c = index.chunking
+    return ChunkerParams(c.min_size, c.avg_size, c.max_size)
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The generation a new one builds on."""
+
+    ref: str                  # its reference in the local store
+    index_digest: str         # its image index's digest
+    chunks: ChunkIndex
+    packs: dict[str, Path]    # pack digest -> a file holding it (a link in the holding dir)
+    blobs: frozenset[str]     # every blob of its image: what a new one need not send again
+
+    def known(self) -> dict[str, ChunkLocation]:
+        """Its chunks that a new generation refers to instead of storing (packs.py)."""
+        return {d: loc for d, loc in known_chunks(self.chunks).items() if loc.pack in self.packs}
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    ref: str
+    layout: Path
+    index_digest: str
+    container: str
+    created: str
+
+
+def _candidates(store: Store) -> list[_Candidate]:
+    out = []
+    for ref, layout_dir in store.layouts():
+        layout = Layout(layout_dir)
+        try:
+            entries = layout.index_entries()
+            if len(entries) != 1:
+                continue
+            body = layout.read_small(entries[0], MANIFEST_LIMIT, "index")
+        except (ImageError, OSError):
+            continue
+        try:
+            annotations = json.loads(body).get("annotations") or {}
+        except ValueError:
+            continue
+        out.append(_Candidate(ref, layout_dir, entries[0].digest,
+                              str(annotations.get(ann.CONTAINER, "")),
+                              str(annotations.get(ann.CREATED, ""))))
+    return out
+
+
+def _repository(ref: str) -> str | None:
+    try:
+        parsed = parse_reference(ref)
+    except Exception:
+        return None
+    return f"{parsed.registry}/{parsed.repository}"
+
+
+def find_previous(store: Store, *, index_digest: str | None, ref: str | None,
+                  container_id: str) -> _Candidate | None:
+    candidates = _candidates(store)
+    newest = sorted(candidates, key=lambda c: c.created, reverse=True)
+    repository = _repository(ref) if ref else None
+    for match in (lambda c: bool(index_digest) and c.index_digest == index_digest,
+                  lambda c: bool(ref) and c.ref == ref,
+                  lambda c: c.container == container_id,
+                  lambda c: repository is not None and _repository(c.ref) == repository):
+        for candidate in newest:
+            if match(candidate):
+                return candidate
+    return None
+
+
+def hold_previous(store: Store, hold: Path, *, index_digest: str | None, ref: str | None,
+                  container_id: str) -> Previous | None:
+    """The previous generation, its packs linked under `hold` (same filesystem as the store);
+    None when the store holds no earlier image with a chunk index."""
+    candidate = find_previous(store, index_digest=index_digest, ref=ref,
+                              container_id=container_id)
+    if candidate is None:
+        return None
+    try:
+        image = open_layout(str(candidate.layout))
+        layer = index_layer(image)
+        if layer is None:
+            return None
+        layout = Layout(candidate.layout)
+        chunks = read_index(layout, layer)
+    except (ImageError, OSError):
+        return None  # a damaged or foreign entry: build a full generation instead
+    hold.mkdir(mode=0o700, parents=True, exist_ok=True)
+    packs: dict[str, Path] = {}
+    for pack in chunks.packs:
+        source = layout.blob_path(pack.digest)
+        held = hold / pack.digest.split(":", 1)[1]
+        try:
+            if source.stat().st_size != pack.size:
+                continue
+            if not held.exists():
+                link_or_copy(source, held)
+        except OSError:
+            continue
+        packs[pack.digest] = held
+    blobs = {d.digest for d in image.state_layers} | {d.digest for d in image.runnable_blobs}
+    blobs |= {image.index.digest, image.state.digest, image.runnable.digest}
+    config = image.state_manifest.get("config", {}).get("digest")
+    if isinstance(config, str):
+        blobs.add(config)
+    return Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs))
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """`target` as a hard link to `source`, or a copy (0600) across filesystems."""
+    try:
+        os.link(source, target)
+    except OSError as e:
+        if e.errno not in (18, 1, 31):  # EXDEV, EPERM (protected links), EMLINK
+            raise
+        partial = target.with_name(target.name + ".partial")
+        shutil.copyfile(source, partial)
+        os.chmod(partial, 0o600)
+        os.replace(partial, target)
+
+
+def hold_store_blobs(store: Store, blobs: list[Descriptor], hold: Path) -> dict[str, Path]:
+    """The blobs of `blobs` some image in the store holds, linked under `hold`."""
+    held: dict[str, Path] = {}
+    for blob in blobs:
+        source = store.find_blob(blob.digest, blob.size)
+        if source is None or blob.digest in held:
+            continue
+        hold.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = hold / blob.digest.split(":", 1)[1]
+        try:
+            if not target.exists():
+                link_or_copy(source, target)
+        except OSError:
+            continue
+        held[blob.digest] = target
+    return held
+
+
+def place(held: dict[str, Path], layout_dir: str | Path) -> list[str]:
+    """Link the held blobs into the layout at `layout_dir` (made if need be); their digests."""
+    layout = Layout(Path(layout_dir))
+    layout.create()
+    placed = []
+    for digest, source in held.items():
+        target = layout.blob_path(digest)
+        layout.blob_dir(digest)
+        if not target.exists():
+            link_or_copy(source, target)
+        placed.append(digest)
+    return placed

@@ -1,0 +1,53 @@
+"""What a new checkpoint image builds on, and the blobs a pull need not download.
+
+`basis()`: the previous generation in the local store (image/generations.py: the image the
+container was restored from, the same reference, the same container, the same repository), its
+packs held for the build.
+
+`hold_for_pull()`, `place_for_pull()`: the layers of a pull plan that some image in the local
+store already holds, linked into the target layout; the plan then downloads the others only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torpor.config import Config
+from torpor.containerd.client import Client
+from torpor.errors import ContainerdError
+from torpor.formats import annotations as ann
+from torpor.image.generations import Previous, hold_previous, hold_store_blobs, place
+from torpor.image.store import Store
+from torpor.registry import Layer, PullPlan
+
+
+@dataclass(frozen=True)
+class Basis:
+    previous: Previous | None
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def basis(client: Client, cfg: Config, store: Store, container_id: str, image_name: str,
+          ref: str | None, hold: Path) -> Basis:
+    index_digest = None
+    if image_name:
+        try:
+            index_digest = client.get_image(image_name).labels.get(ann.IMAGE_CHECKPOINT)
+        except ContainerdError:
+            pass
+    previous = hold_previous(store, hold, index_digest=index_digest, ref=ref,
+                             container_id=container_id)
+    return Basis(previous)
+
+
+def hold_for_pull(plan: PullPlan, store: Store, hold: Path) -> dict[str, Path]:
+    """The plan's layers some image in the store holds, linked under `hold` (on the store's
+    filesystem), before the store entry the pull replaces is removed."""
+    return hold_store_blobs(store, [layer.descriptor for layer in plan.layers], hold)
+
+
+def place_for_pull(plan: PullPlan, held: dict[str, Path], layout_dir: str | Path) -> list[Layer]:
+    """Link the held layers into the layout; the layers still to download."""
+    place(held, layout_dir)
+    return [layer for layer in plan.layers if layer.descriptor.digest not in held]
