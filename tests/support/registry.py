@@ -1,4 +1,5 @@
 """Private docker-registry (distribution 2.8) instances on loopback, and the tools to break them.
+Deletes are allowed unless `delete=False` (REGISTRY_STORAGE_DELETE_ENABLED).
 
 Each `Registry` runs `docker-registry serve CONFIG` on a free 127.0.0.1 port with filesystem
 storage under its own directory, optionally behind htpasswd basic auth, a bearer token server
@@ -25,7 +26,7 @@ storage:
   filesystem:
     rootdirectory: {storage}
   delete:
-    enabled: true
+    enabled: {delete}
   maintenance:
     uploadpurging:
       enabled: false
@@ -70,7 +71,7 @@ def self_signed_certificate(directory: Path, common_name: str = "127.0.0.1") -> 
 
 class Registry:
     def __init__(self, base: Path, name: str, *, users: dict[str, str] | None = None, tls: bool = False,
-                 token_auth: dict[str, str] | None = None) -> None:
+                 token_auth: dict[str, str] | None = None, delete: bool = True) -> None:
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.storage = self.dir / "storage"
@@ -92,7 +93,7 @@ class Registry:
             auth_section = TOKEN_AUTH.format(**token_auth)
         self.config = self.dir / "config.yml"
         self.config.write_text(CONFIG.format(storage=self.storage, port=self.port, tls=tls_section,
-                                             auth=auth_section))
+                                             auth=auth_section, delete=str(delete).lower()))
         self.log = self.dir / "registry.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

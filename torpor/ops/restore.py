@@ -277,7 +277,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         progress.step("restoring the task (torpor-runc, CRIU)")
         t0 = time.monotonic()
         client.create_task(tasks_pb2.CreateTaskRequest(
-            container_id=name, rootfs=mounts, stdout=log_uri, stderr=log_uri,
+            container_id=name, rootfs=mounts, stdin=_stdin_fifo(work), stdout=log_uri,
+            stderr=log_uri,
             options=runc_runtime.runc_options(
                 runtime, criu_image_path=os.path.join(directory, names.CRIU_DIR),
                 criu_work_path=work)))
@@ -383,6 +384,17 @@ def _default_log_uri(cfg: Config, namespace: str, name: str) -> str:
         else "/var/log/torpor"
     os.makedirs(directory, mode=0o700, exist_ok=True)
     return f"file://{directory}/{namespace}-{name}.log"
+
+
+def _stdin_fifo(work: str) -> str:
+    """A FIFO for the task's stdin, as containerd's clients give (ctr: cio's FIFOs): the shim
+    then hands runc restore a pipe, which CRIU puts in place of the checkpointed fd 0. Without
+    one, fd 0 is the shim's host /dev/null, outside the container's mounts, and no later
+    checkpoint of the restored container can dump it. The shim opens it at Start; it can go
+    with the work directory after that."""
+    path = os.path.join(work, "stdin")
+    os.mkfifo(path, 0o600)
+    return path
 
 
 def _keep_restore_log(cfg: Config, namespace: str, name: str, work: str) -> str | None:
