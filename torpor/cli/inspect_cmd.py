@@ -90,6 +90,19 @@ def render(report: InspectReport) -> str:
         lines.extend(f"  {'ok     ' if v.allowed_by else 'REFUSED'}  {v.what}"
                      + (f"  [{v.allowed_by}]" if v.allowed_by else f"  (allow with: {v.remedy})")
                      for v in report.grants)
+    generation = report.generation
+    if generation is not None:
+        built = (f"on {generation.previous[:19]}, adding {human_size(generation.new_bytes)}"
+                 if generation.previous and generation.new_bytes is not None else
+                 "a first generation")
+        lines.append(f"generation   stores {human_size(generation.stored_bytes)}; {built}")
+        if generation.estimate_full_bytes is not None and generation.estimate_new_bytes is not None:
+            actual_new = generation.new_bytes if generation.new_bytes is not None else 0
+            lines.append(
+                f"estimate     {human_size(generation.estimate_full_bytes)} in full, "
+                f"{human_size(generation.estimate_new_bytes)} new (torpor estimate, "
+                f"{generation.estimate_created}); actual {human_size(generation.stored_bytes)}, "
+                f"{human_size(actual_new)} new")
     if report.layers:
         lines.append("layers")
         lines.append(_indent(table(["MEDIA TYPE", "SIZE", "DIGEST"], [

@@ -1,5 +1,5 @@
-"""The `torpor` command line: checkpoint, restore, push, pull, import, inspect, ls, rm, recover,
-check, runtime-config, kube.
+"""The `torpor` command line: checkpoint, restore, push, pull, import, inspect, ls, rm, estimate,
+recover, check, runtime-config, kube.
 
 Commands parse options, call one library function and render its result; the library never
 imports this package. containerd is found the way ctr finds it: `--address`/`CONTAINERD_ADDRESS`
@@ -31,6 +31,7 @@ LAZY_COMMANDS = {
     "runtime-config": "torpor.cli.runtime_config_cmd",
     "kube": "torpor.cli.kube_cmd",
     "recover": "torpor.cli.recover_cmd",
+    "estimate": "torpor.cli.estimate_cmd",
 }
 
 

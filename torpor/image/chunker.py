@@ -17,6 +17,7 @@ Stdlib only.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import zlib
@@ -200,3 +201,51 @@ class MappedFile:
             if self.size > pos:
                 yield Span(pos, self.size - pos, True)
         return _merged(all_spans())
+
+
+class StreamChunker:
+    """The chunks of a stream of whole pages, cut exactly as `cut` cuts a file holding the same
+    pages, and identified by sha256: for what a checkpoint would store, without a file (torpor
+    estimate reads a live process's pages). Feed pages in order with `page()`; each call, and
+    `finish()`, returns the chunk it ended as (digest, length, its bytes if `keep_data`), or
+    None."""
+
+    def __init__(self, params: ChunkerParams = DEFAULT_PARAMS, keep_data: bool = False) -> None:
+        self.data: bytearray | None = bytearray() if keep_data else None
+        self._new_hash = hashlib.sha256
+        self.min_pages, self.max_pages = params.min_size // PAGE, params.max_size // PAGE
+        self.threshold = params.threshold
+        self.hasher = self._new_hash()
+        self.pages = 0          # in the pending chunk
+        self.zero_bytes = 0     # in zero runs so far
+        self.total = 0
+
+    def _end(self) -> tuple[str, int, bytes | None] | None:
+        if not self.pages:
+            return None
+        data = None
+        if self.data is not None:
+            data, self.data = bytes(self.data), bytearray()
+        chunk = ("sha256:" + self.hasher.hexdigest(), self.pages * PAGE, data)
+        self.hasher = self._new_hash()
+        self.pages = 0
+        return chunk
+
+    def page(self, page: bytes | memoryview) -> tuple[str, int, bytes | None] | None:
+        if len(page) != PAGE:
+            raise ValueError(f"StreamChunker takes whole pages of {PAGE} bytes")
+        self.total += PAGE
+        h = zlib.crc32(page)
+        if h == _ZERO_PAGE_CRC and bytes(page) == ZERO_PAGE:
+            self.zero_bytes += PAGE
+            return self._end()
+        self.hasher.update(page)
+        if self.data is not None:
+            self.data += page
+        self.pages += 1
+        if self.pages >= self.max_pages or (self.pages >= self.min_pages and h < self.threshold):
+            return self._end()
+        return None
+
+    def finish(self) -> tuple[str, int, bytes | None] | None:
+        return self._end()

@@ -2,7 +2,8 @@
 
 `basis()`: the previous generation in the local store (image/generations.py: the image the
 container was restored from, the same reference, the same container, the same repository), its
-packs held for the build.
+packs held for the build, and the annotations of the estimate `torpor estimate` made for this
+checkpoint, if it made one against that same previous generation within the hour.
 
 `hold_for_pull()`, `place_for_pull()`: the layers of a pull plan that some image in the local
 store already holds, linked into the target layout; the plan then downloads the others only.
@@ -10,6 +11,8 @@ store already holds, linked into the target layout; the plan then downloads the 
 
 from __future__ import annotations
 
+import calendar
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +22,10 @@ from torpor.errors import ContainerdError
 from torpor.formats import annotations as ann
 from torpor.image.generations import Previous, hold_previous, hold_store_blobs, place
 from torpor.image.store import Store
+from torpor.ops.estimate import saved_estimate
 from torpor.registry import Layer, PullPlan
+
+ESTIMATE_FRESH_S = 3600
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,17 @@ def basis(client: Client, cfg: Config, store: Store, container_id: str, image_na
             pass
     previous = hold_previous(store, hold, index_digest=index_digest, ref=ref,
                              container_id=container_id)
-    return Basis(previous)
+    notes: dict[str, str] = {}
+    made = saved_estimate(cfg, client.namespace, container_id)
+    if made is not None and made.previous == (previous.index_digest if previous else ""):
+        try:
+            age = time.time() - calendar.timegm(time.strptime(made.created, "%Y-%m-%dT%H:%M:%SZ"))
+        except ValueError:
+            age = ESTIMATE_FRESH_S + 1
+        if 0 <= age <= ESTIMATE_FRESH_S:
+            notes = {ann.ESTIMATE_FULL: str(made.full_bytes), ann.ESTIMATE_NEW: str(made.new_bytes),
+                     ann.ESTIMATE_AT: made.created}
+    return Basis(previous, notes)
 
 
 def hold_for_pull(plan: PullPlan, store: Store, hold: Path) -> dict[str, Path]:

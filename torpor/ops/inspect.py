@@ -8,7 +8,10 @@ An encrypted checkpoint shows its clear metadata only, unless a decryption key o
 metadata layer (from a registry, that one small layer is downloaded into scratch space).
 
 A kubelet checkpoint archive is read without extracting it, and its report adds its pod and who
-can restore it."""
+can restore it.
+
+An image's report says too what it added to the generation it was built on, beside the estimate
+`torpor estimate` made before it."""
 
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ class InspectReport:
     sealed: bool = False            # encrypted, and its metadata layer not opened: no spec
     grants: tuple[Verdict, ...] = ()          # what a restore here would grant (not if sealed)
     kube: KubeSummary | None = None
+    generation: Generation | None = None
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
@@ -94,7 +98,39 @@ class InspectReport:
             "layers": [{"mediaType": d.media_type, "digest": d.digest, "size": d.size,
                         **({"part": d.annotations[ann.PART]} if ann.PART in d.annotations
                            else {})} for d in self.layers],
+            "generation": self.generation.__dict__ if self.generation else None,
         }
+
+
+@dataclass(frozen=True)
+class Generation:
+    """An image as one generation of a chain: what it stores, what it added to the generation
+    it was built on, and the estimate `torpor estimate` made before it (docs/format.md)."""
+
+    stored_bytes: int                 # its state layers and read-write layer, all of them
+    new_bytes: int | None             # the blobs its previous generation did not have
+    memory_new_bytes: int | None      # of which new packs
+    previous: str | None              # the previous generation's image index digest
+    estimate_full_bytes: int | None
+    estimate_new_bytes: int | None
+    estimate_created: str | None
+
+
+def _number(annotations: dict[str, str], key: str) -> int | None:
+    try:
+        return int(annotations[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def generation_of(image: unpack.CheckpointImage) -> Generation:
+    notes = image.state_manifest.get("annotations") or {}
+    stored = sum(d.size for d in (*image.state_layers, *image.runnable_blobs[1:])
+                 if d.digest not in {b.digest for b in image.metadata.image.layers}) \
+        if image.metadata.image else sum(d.size for d in image.state_layers)
+    return Generation(stored, _number(notes, ann.NEW_BYTES), _number(notes, ann.CHUNKS_NEW_BYTES),
+                      notes.get(ann.PREVIOUS), _number(notes, ann.ESTIMATE_FULL),
+                      _number(notes, ann.ESTIMATE_NEW), notes.get(ann.ESTIMATE_AT))
 
 
 def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
@@ -129,7 +165,8 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
     layers = (*image.state_layers, *image.runnable_blobs[1:])
     return InspectReport(source, kind, image.index.digest, metadata, tuple(layers),
                          bool(encrypted), recipients, sealed,
-                         () if sealed else _grants(metadata, cfg))
+                         () if sealed else _grants(metadata, cfg),
+                         generation=generation_of(image))
 
 
 def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:

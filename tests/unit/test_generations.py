@@ -1,0 +1,181 @@
+"""Generations of checkpoint images, the pure parts: the stream chunker cuts as the file
+chunker does, the chunk index blob round-trips and is refused when damaged, tar layers are the
+same bytes whatever the files' times and modes, the previous generation is found in a store in
+the documented order, an estimate record round-trips, a process's pages are read as CRIU would
+dump them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from torpor.capture import memory
+from torpor.errors import FormatError, ImageError
+from torpor.formats import annotations as ann
+from torpor.formats import mediatypes as mt
+from torpor.formats.estimate import Estimate, EstimatePart
+from torpor.formats.oci import Descriptor
+from torpor.image import layers
+from torpor.image.build import compress_index
+from torpor.image.chunker import PAGE, StreamChunker, cut
+from torpor.image.generations import find_previous, params_of
+from torpor.image.packs import write_generation
+from torpor.image.store import Store
+from torpor.image.unpack import read_index
+from torpor.registry.layout import Layout
+
+MIB = 1 << 20
+
+
+def pages_with_zero_runs(seed: int) -> bytes:
+    rnd = random.Random(seed)
+    parts = [rnd.randbytes(3 * MIB), bytes(5 * PAGE), rnd.randbytes(MIB + PAGE), bytes(PAGE),
+             b"ab" * (MIB // 2), rnd.randbytes(7 * PAGE)]
+    return b"".join(parts)
+
+
+def test_the_stream_chunker_cuts_as_the_file_chunker() -> None:
+    data = pages_with_zero_runs(3)
+    expected = [("sha256:" + hashlib.sha256(data[s.offset:s.offset + s.length]).hexdigest(),
+                 s.length) for s in cut(data) if not s.zero]
+    stream = StreamChunker(keep_data=True)
+    got = []
+    for at in range(0, len(data), PAGE):
+        ended = stream.page(data[at:at + PAGE])
+        if ended:
+            got.append(ended)
+    ended = stream.finish()
+    if ended:
+        got.append(ended)
+    assert [(d, n) for d, n, _ in got] == expected
+    assert all(hashlib.sha256(b).hexdigest() == d.split(":")[1] for d, _, b in got if b)
+    assert stream.zero_bytes == 6 * PAGE
+    with pytest.raises(ValueError):
+        stream.page(b"short")
+
+
+def test_the_chunk_index_blob_round_trips_and_is_refused_when_damaged(tmp_path: Path) -> None:
+    root = tmp_path / "files"
+    (root / "criu").mkdir(parents=True)
+    (root / "criu" / "pages-1.img").write_bytes(pages_with_zero_runs(4))
+    (tmp_path / "packs").mkdir()
+    generation = write_generation(str(root), ["criu/pages-1.img"], str(tmp_path / "packs"))
+    blob = compress_index(generation.index)
+    assert blob == compress_index(generation.index)  # deterministic
+    assert len(blob) < 0.75 * len(generation.index.to_json())
+    layout = Layout(tmp_path / "layout")
+    layout.create()
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    layout.write_small(digest, blob, durable=False)
+    assert read_index(layout, Descriptor(mt.CHUNK_INDEX_ZSTD, digest, len(blob))) == \
+        generation.index
+    assert params_of(generation.index).avg_size == generation.index.chunking.avg_size
+    bad = b"\x28\xb5\x2f\xfd" + b"not zstd at all"
+    bad_digest = "sha256:" + hashlib.sha256(bad).hexdigest()
+    layout.write_small(bad_digest, bad, durable=False)
+    with pytest.raises(ImageError, match="not a zstd frame"):
+        read_index(layout, Descriptor(mt.CHUNK_INDEX_ZSTD, bad_digest, len(bad)))
+    with pytest.raises(ImageError):  # a wrong size in the descriptor
+        read_index(layout, Descriptor(mt.CHUNK_INDEX_ZSTD, digest, len(blob) - 1))
+
+
+def test_tar_layers_depend_on_names_and_bytes_only(tmp_path: Path) -> None:
+    digests = []
+    for run, (mode, mtime) in enumerate([(0o600, 1_000_000), (0o644, 2_000_000)]):
+        root = tmp_path / f"run{run}"
+        (root / "torpor").mkdir(parents=True)
+        for name, data in (("torpor/state.json", b"{}"), ("torpor/devshm.tar", b"x" * 70_000)):
+            path = root / name
+            path.write_bytes(data)
+            path.chmod(mode)
+            os.utime(path, (mtime, mtime))
+        pieces = layers.pieces_of(str(root), ["torpor/devshm.tar", "torpor/state.json"], 64 << 10)
+        written = layers.write_layer(pieces, str(tmp_path / f"layer{run}"))
+        digests.append(written.digest)
+    assert digests[0] == digests[1]
+
+
+def store_entry(store_root: Path, ref: str, container: str, created: str) -> str:
+    """An image entry whose index says who and when (enough for find_previous)."""
+    entry = store_root / "images" / hashlib.sha256(ref.encode()).hexdigest()[:20]
+    layout = Layout(entry / "layout")
+    layout.create()
+    (entry / "ref").write_text(ref)
+    body = json.dumps({"schemaVersion": 2, "mediaType": mt.OCI_INDEX, "manifests": [],
+                       "annotations": {ann.CONTAINER: container, ann.CREATED: created}}).encode()
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    layout.write_small(digest, body, durable=False)
+    layout.tag(Descriptor(mt.OCI_INDEX, digest, len(body)), "t")
+    return digest
+
+
+def test_the_previous_generation_is_found_in_the_documented_order(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    restored_from = store_entry(tmp_path, "reg/a/old:1", "web", "2026-01-01T00:00:00Z")
+    store_entry(tmp_path, "reg/a/web:2", "web", "2026-01-03T00:00:00Z")
+    store_entry(tmp_path, "reg/a/web:1", "web", "2026-01-02T00:00:00Z")
+    store_entry(tmp_path, "reg/b/other:9", "db", "2026-01-04T00:00:00Z")
+
+    def found(**kw: object) -> str | None:
+        args: dict[str, object] = {"index_digest": None, "ref": None, "container_id": "x"}
+        args.update(kw)
+        candidate = find_previous(store, **args)  # type: ignore[arg-type]
+        return candidate.ref if candidate else None
+
+    assert found(index_digest=restored_from, ref="reg/a/web:1", container_id="web") == \
+        "reg/a/old:1"
+    assert found(ref="reg/a/web:1", container_id="web") == "reg/a/web:1"
+    assert found(ref="reg/c/new:1", container_id="web") == "reg/a/web:2"  # the newest of web
+    assert found(ref="reg/b/other:10", container_id="cache") == "reg/b/other:9"
+    assert found(ref="reg/z/none:1", container_id="cache") is None
+
+
+def test_an_estimate_round_trips_and_refuses_other_formats() -> None:
+    made = Estimate("web", "default", "2026-01-01T00:00:00Z", "sha256:" + "a" * 64, "reg/a:1",
+                    (EstimatePart("memory", 100, 90, 10, "chunks"),
+                     EstimatePart("rootfs", 5, 4, 0)), 0.5)
+    again = Estimate.loads(made.dumps(), "estimate")
+    assert again == made and again.full_bytes == 94 and again.new_bytes == 10
+    with pytest.raises(FormatError, match="format"):
+        Estimate.loads(json.dumps({"format": "torpor.estimate.v9"}).encode(), "estimate")
+
+
+def zero_pages_and_hits(wanted: set[bytes]) -> tuple[int, int]:
+    zero = hits = 0
+    for page in memory.dump_pages(os.getpid()):
+        if page == bytes(PAGE):
+            zero += 1
+        elif bytes(page) in wanted:
+            hits += 1
+    return zero, hits
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="page frame numbers need root")
+def test_a_process_pages_are_read_as_criu_dumps_them() -> None:
+    """Our own process: a private buffer we wrote is there, page for page; pages only read
+    (mapped to the zero page) are not, pages written with zeros are."""
+    n = 2048
+    private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    buffer = mmap.mmap(-1, 64 * PAGE, flags=private)
+    marker = random.Random(7).randbytes(64 * PAGE)
+    buffer.write(marker)
+    wanted = {marker[i:i + PAGE] for i in range(0, len(marker), PAGE)}
+    zero_before, hits = zero_pages_and_hits(wanted)
+    assert hits >= 64  # (a copy of a page elsewhere may be aligned too)
+    read_only = mmap.mmap(-1, n * PAGE, flags=private)
+    assert sum(read_only[i * PAGE] for i in range(n)) == 0  # maps the zero page n times
+    zero_read, _ = zero_pages_and_hits(wanted)
+    written = mmap.mmap(-1, n * PAGE, flags=private)
+    for i in range(n):
+        written[i * PAGE] = 0  # a written page of zeros: CRIU dumps it
+    zero_written, _ = zero_pages_and_hits(wanted)
+    assert zero_read - zero_before < n // 4
+    assert zero_written - zero_read >= n * 3 // 4  # (other pages change meanwhile)
+    for m in (buffer, read_only, written):
+        m.close()
