@@ -32,8 +32,10 @@ class World:
         # host directories that restores may bind-mount without --volume (ctr restores have none)
         self.volumes = base / "volumes"
         self.volumes.mkdir(mode=0o700)
+        self.store = base / "store"  # the world's own image store, not the node's
         self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n'
-                               f'[restore]\nmount_sources = ["{self.volumes}"]\n')
+                               f'[restore]\nmount_sources = ["{self.volumes}"]\n'
+                               f'[image]\nstore = "{self.store}"\n')
         out = base / "workloads"
         out.mkdir(exist_ok=True)
         self.workloads = {name: images.compile_static(REPO / "tests" / "workloads" / f"{name}.c",

@@ -1,12 +1,14 @@
-"""torpor checkpoint CONTAINER (-o DIR | -t REF [--push] | -o DIR --oci)."""
+"""torpor checkpoint CONTAINER (-o DIR | -t REF [--push] [--every D --keep N] | -o DIR --oci)."""
 
 from __future__ import annotations
 
 import click
 
 from torpor import config
+from torpor.cli.durations import duration_option
 from torpor.cli.encryption_flags import recipient_option, recipients_from
 from torpor.cli.output import Globals, emit_json, human_size
+from torpor.cli.periodic import periodic
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.formats.criu import CriuOptions
 from torpor.formats.files import VolumePolicy
@@ -42,6 +44,15 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
 @click.option("--volumes", multiple=True, metavar="all|none|PATH",
               help="Bind-mounted volumes to save, by destination (repeat or comma-separate); "
               "default: the annotation io.torpor.checkpoint.volumes, else the config (all).")
+@click.option("--every", callback=duration_option, metavar="DURATION",
+              help="With -t: checkpoint again every DURATION (10m, 1h), leaving the container "
+              "running, until SIGTERM; tags REF's tag + time per generation and moves REF's tag "
+              "(or latest) along.")
+@click.option("--keep", type=click.IntRange(min=0), metavar="N",
+              help="With --every: keep the newest N generations (locally, and with --push in "
+              "the registry).")
+@click.option("--older-than", "older_than", callback=duration_option, metavar="DURATION",
+              help="With --every: remove generations older than DURATION.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @recipient_option
 @registry_options
@@ -49,7 +60,8 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
 def checkpoint_command(g: Globals, container: str, directory: str | None, oci: bool,
                        ref: str | None, push: bool, leave_running: bool, tcp_established: bool,
                        file_locks: bool, ext_unix_sk: bool, shell_job: bool,
-                       volumes: tuple[str, ...], as_json: bool, recipients: tuple[str, ...],
+                       volumes: tuple[str, ...], every: float | None, keep: int | None,
+                       older_than: float | None, as_json: bool, recipients: tuple[str, ...],
                        username: str | None,
                        password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Checkpoint CONTAINER (processes, memory, GPU, network, files).
@@ -58,6 +70,7 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     torpor checkpoint web1 -o DIR            a checkpoint directory
     torpor checkpoint web1 -t REF [--push]   a checkpoint image (pushed to REF's registry)
     torpor checkpoint web1 -o DIR --oci      the image as an OCI image layout
+    torpor checkpoint web1 -t REF --every 10m --keep 5 [--push]   periodically
     """
     if not directory and not ref:
         raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
@@ -74,6 +87,13 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
                               registry=access_from(username, password_stdin, ca_file, insecure),
                               recipients=recipients_from(recipients))
+    if every is not None:
+        if not ref or directory:
+            raise click.UsageError("--every needs -t REF (and no -o DIR)")
+        periodic(g, container, request, target, every, keep, older_than, as_json)
+        return
+    if keep is not None or older_than is not None:
+        raise click.UsageError("--keep and --older-than go with --every (or use torpor prune)")
     with g.client() as client:
         result = checkpoint(client, container, request, target, config.load(),
                             g.progress(quiet=as_json))
@@ -90,8 +110,10 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
         return
     where = (f"pushed {result.pushed.reference}" if result.pushed else
              f"image {ref}" if ref else f"OCI layout {directory}")
+    added = (f" ({human_size(result.new_bytes)} new on top of {result.previous})"
+             if result.previous else "")
     click.echo(f"checkpointed {container}: {where}; {human_size(result.raw_bytes)} of state in "
-               f"{human_size(result.compressed_bytes)} of layers, "
+               f"{human_size(result.compressed_bytes)} of layers{added}, "
                f"{result.timings['total_s']:.2f}s{stopped}")
 
 

@@ -32,6 +32,7 @@ LAZY_COMMANDS = {
     "kube": "torpor.cli.kube_cmd",
     "recover": "torpor.cli.recover_cmd",
     "estimate": "torpor.cli.estimate_cmd",
+    "prune": "torpor.cli.prune_cmd",
 }
 
 

@@ -60,7 +60,9 @@ class Previous:
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class StoredImage:
+    """An image of the local store, as its index says: who and when."""
+
     ref: str
     layout: Path
     index_digest: str
@@ -68,7 +70,7 @@ class _Candidate:
     created: str
 
 
-def _candidates(store: Store) -> list[_Candidate]:
+def stored_images(store: Store) -> list[StoredImage]:
     out = []
     for ref, layout_dir in store.layouts():
         layout = Layout(layout_dir)
@@ -83,13 +85,14 @@ def _candidates(store: Store) -> list[_Candidate]:
             annotations = json.loads(body).get("annotations") or {}
         except ValueError:
             continue
-        out.append(_Candidate(ref, layout_dir, entries[0].digest,
+        out.append(StoredImage(ref, layout_dir, entries[0].digest,
                               str(annotations.get(ann.CONTAINER, "")),
                               str(annotations.get(ann.CREATED, ""))))
     return out
 
 
-def _repository(ref: str) -> str | None:
+def repository_of(ref: str) -> str | None:
+    """`registry/repository` of a reference; None for one that does not parse."""
     try:
         parsed = parse_reference(ref)
     except Exception:
@@ -98,14 +101,14 @@ def _repository(ref: str) -> str | None:
 
 
 def find_previous(store: Store, *, index_digest: str | None, ref: str | None,
-                  container_id: str) -> _Candidate | None:
-    candidates = _candidates(store)
+                  container_id: str) -> StoredImage | None:
+    candidates = stored_images(store)
     newest = sorted(candidates, key=lambda c: c.created, reverse=True)
-    repository = _repository(ref) if ref else None
+    repository = repository_of(ref) if ref else None
     for match in (lambda c: bool(index_digest) and c.index_digest == index_digest,
                   lambda c: bool(ref) and c.ref == ref,
                   lambda c: c.container == container_id,
-                  lambda c: repository is not None and _repository(c.ref) == repository):
+                  lambda c: repository is not None and repository_of(c.ref) == repository):
         for candidate in newest:
             if match(candidate):
                 return candidate

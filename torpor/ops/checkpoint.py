@@ -203,8 +203,12 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         result = push_layout(built.layout, ref, options=push,
                              mount_from=mount_from(metadata, ref))
         timings["push_s"] = time.monotonic() - t
-        pushed = PushSummary(str(result.reference), result.uploaded, result.mounted,
-                             result.existing, result.bytes_uploaded)
+        ahead = early if early is not None and not target.recipients else None
+        up, mounted, sent = (ahead.uploaded, ahead.mounted, ahead.bytes_uploaded) if ahead \
+            else (0, 0, 0)  # what went up early, while compressing, counts too
+        pushed = PushSummary(str(result.reference), result.uploaded + up,
+                             result.mounted + mounted, result.existing - up - mounted,
+                             result.bytes_uploaded + sent)
     layout = str(built.layout)
     if ref and not target.oci:
         txn.step("installing")

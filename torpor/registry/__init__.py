@@ -8,6 +8,8 @@ Public API (everything else in this package is internal)::
     fetch_metadata(ref, options=None) -> PullPlan      # phase 1 of a pull: metadata only
     PullPlan.download(layout_dir, layers=None, progress=None) -> PullResult
     parse_reference(text) -> Reference
+    list_images(repository, options) -> [TaggedImage]       # tags, digests, creation times
+    delete_images(repository, digests, keep, listed, options) -> Deleted
     RegistryOptions(username=, password=, docker_config=, ca_file=, insecure=, timeout_s=,
                     retries=, backoff_s=, parallel=, chunk_size=, manifest_limit=, config_limit=)
 
@@ -15,15 +17,17 @@ Errors (torpor.errors): RegistryError (status, registry's code and message, what
 AuthError (missing or rejected credentials), DigestMismatch (a blob or manifest is not what its
 descriptor says), ImageError (a malformed layout or manifest, a truncated blob), ConfigError (a
 malformed reference). Module map: reference, credentials, auth, transport, http_errors, session,
-client, blob_upload, blob_download, layout, push, pull. See docs/registry.md.
+client, blob_upload, blob_download, layout, push, pull, tags. See docs/registry.md.
 """
 
 from torpor.registry.options import RegistryOptions
 from torpor.registry.pull import Layer, PulledManifest, PullPlan, PullResult, fetch_metadata, pull
 from torpor.registry.push import EarlyBlobs, PushResult, push_layout
 from torpor.registry.reference import Reference, parse_reference
+from torpor.registry.tags import Deleted, TaggedImage, delete_images, list_images
 
 __all__ = [
+    "Deleted",
     "EarlyBlobs",
     "Layer",
     "PullPlan",
@@ -32,7 +36,10 @@ __all__ = [
     "PushResult",
     "Reference",
     "RegistryOptions",
+    "TaggedImage",
+    "delete_images",
     "fetch_metadata",
+    "list_images",
     "parse_reference",
     "pull",
     "push_layout",

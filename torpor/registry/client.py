@@ -6,6 +6,7 @@ mean what. Streaming uploads and downloads are built on these in blob_upload and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode, urljoin
@@ -123,6 +124,45 @@ class RepositoryClient:
                                         headers={"Content-Type": media_type})
         response.discard()
         return response.header("Docker-Content-Digest") or ""
+
+    def list_tags(self, limit: int = 4 << 20) -> list[str]:
+        """Every tag of the repository (following `Link` pages)."""
+        tags: list[str] = []
+        url = self._url("tags/list")
+        for _ in range(1000):
+            response = self.session.request("GET", url, ok=(200, 404), scope=self.pull_scope,
+                                            what=f"GET tags of {self.repository}")
+            body = response.read_limited(limit)
+            if response.status == 404:
+                return []
+            try:
+                page = json.loads(body).get("tags") or []
+            except (ValueError, AttributeError):
+                raise RegistryError(f"registry {self.session.registry} answered the tag list of "
+                                    f"{self.repository} with something that is not JSON") from None
+            tags += [t for t in page if isinstance(t, str)]
+            link = response.header("Link")
+            if not link or 'rel="next"' not in link:
+                return tags
+            url = urljoin(url, link.split(";")[0].strip().strip("<>"))
+        return tags
+
+    def delete_manifest(self, digest: str) -> bool:
+        """DELETE a manifest by digest (with every tag on it); False if it was not there.
+        A registry that does not allow deletes says so in words (RegistryError)."""
+        response = self.session.request("DELETE", self._url(f"manifests/{digest}"),
+                                        ok=(202, 404, 405), scope=self.push_scope,
+                                        what=f"DELETE manifest {self.repository}@{digest}",
+                                        retry=False)
+        response.discard()
+        if response.status == 405:
+            raise RegistryError(
+                f"registry {self.session.registry} does not allow deleting manifests "
+                f"({self.repository}@{digest} is kept)",
+                hint="enable deletes on the registry (distribution/docker-registry: "
+                     "REGISTRY_STORAGE_DELETE_ENABLED=true, or storage.delete.enabled in its "
+                     "config), or remove old generations with the registry's own tools")
+        return response.status == 202
 
     def open_blob(self, digest: str, offset: int = 0) -> Response:
         """GET a blob from byte `offset` (200 from the start, 206 from the offset)."""

@@ -158,7 +158,9 @@ def _push_blobs(repo: RepositoryClient, layout: Layout, blobs: dict[str, Descrip
 class EarlyBlobs:
     """Blobs uploaded while the image is still being built (`push_layout` then finds them
     present and sends only the manifests): a checkpoint's layers go up as each finishes
-    compressing, instead of after the last one.
+    compressing, instead of after the last one. After the block, `uploaded`, `mounted`,
+    `existing` and `bytes_uploaded` count what happened to them (a registry that holds a blob
+    already is only asked, HEAD, not sent it).
 
         with EarlyBlobs(ref, options) as early:
             early.submit(path, descriptor)     # from any thread
@@ -174,13 +176,14 @@ class EarlyBlobs:
         self._mount_from = list(mount_from)
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.parallel),
                                         thread_name_prefix="torpor-early-push")
-        self._futures: list[Future[Outcome]] = []
+        self._futures: list[tuple[Descriptor, Future[Outcome]]] = []
         self.bytes = 0
+        self.uploaded = self.mounted = self.existing = self.bytes_uploaded = 0
 
     def submit(self, path: Path, blob: Descriptor) -> None:
         self.bytes += blob.size
-        self._futures.append(self._pool.submit(push_blob, self._repo, Path(path), blob,
-                                               self._mount_from, lambda offset: None))
+        self._futures.append((blob, self._pool.submit(push_blob, self._repo, Path(path), blob,
+                                                      self._mount_from, lambda offset: None)))
 
     def __enter__(self) -> EarlyBlobs:
         return self
@@ -188,10 +191,14 @@ class EarlyBlobs:
     def __exit__(self, kind: object, error: object, trace: object) -> None:
         try:
             if error is None:
-                for future in self._futures:
-                    future.result()  # raises the first upload error
+                for blob, future in self._futures:
+                    outcome = future.result()  # raises the first upload error
+                    self.uploaded += outcome is Outcome.UPLOADED
+                    self.mounted += outcome is Outcome.MOUNTED
+                    self.existing += outcome is Outcome.EXISTED
+                    self.bytes_uploaded += blob.size if outcome is Outcome.UPLOADED else 0
             else:
-                for future in self._futures:
+                for _, future in self._futures:
                     future.cancel()
         finally:
             self._pool.shutdown(wait=True)

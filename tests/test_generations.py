@@ -1,0 +1,215 @@
+"""Generations of checkpoint images on real containerd, CRIU and docker-registry: a second
+checkpoint sends only what changed (the exact figures are bench/generations.py's, the bounds
+here are generous), a node that holds a generation pulls only the next one's new blobs, the
+estimate made beforehand is close to what the checkpoint stores, and the periodic mode keeps
+the newest generations, locally and in the registry, each of them restorable."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Nodes, run_torpor
+from .support.containerd import Node
+from .support.processes import wait_for
+from .support.registry import Registry
+from .support.workload import (
+    COUNTER,
+    containers,
+    exec_out,
+    kv_ask,
+    read_counter,
+    wait_counter_above,
+    wait_kv,
+)
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+MEMORY_MIB = 64
+
+
+def node_config(session_dir: Path, name: str) -> Path:
+    path = session_dir / f"node-{name}.toml"
+    path.write_text(f'[runtime]\nstate_dir = "{session_dir}/{name}-state"\n'
+                    f'[image]\nstore = "{session_dir}/{name}-store"\n')
+    return path
+
+
+@pytest.fixture(scope="module")
+def gen_nodes(nodes: Nodes, session_dir: Path) -> tuple[Node, Node]:
+    return (nodes.start("gen-a", config=node_config(session_dir, "gen-a")),
+            nodes.start("gen-b", config=node_config(session_dir, "gen-b")))
+
+
+@pytest.fixture(scope="module")
+def registry(session_dir: Path) -> Iterator[Registry]:
+    started = Registry(session_dir / "registries", "generations").start()
+    yield started
+    started.stop()
+
+
+def checkpoint_json(node: Node, *args: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(run_torpor(node, "checkpoint", *args, "--json").stdout)  # type: ignore[no-any-return]
+
+
+def within(estimated: int, actual: int, fraction: float) -> bool:
+    return abs(estimated - actual) <= fraction * actual
+
+
+def test_a_next_generation_stores_and_sends_what_changed(
+        gen_nodes: tuple[Node, Node], registry: Registry,
+        test_image: dict[str, object]) -> None:
+    a, b = gen_nodes
+    name = "dedup"
+    refs = [f"{registry.host}/gen/{name}:{n}" for n in (1, 2, 3)]
+    with containers(a) as names:
+        names.append(name)
+        a.ctr("run", "-d", *SHIM, str(test_image["name"]), name,
+              "memhog", str(MEMORY_MIB), "-s", "/tmp/rewrites")
+        wait_for(lambda: "memhog" in exec_out(a, name, "ps"), what="memhog")
+        time.sleep(1)  # filled
+        estimate1 = json.loads(run_torpor(a, "estimate", name, "--json").stdout)
+        assert estimate1["previous"] == ""
+        first = checkpoint_json(a, name, "-t", refs[0], "--push", "--leave-running")
+        # unchanged: the same chunks, the same small layers; new are the index and metadata
+        second = checkpoint_json(a, name, "-t", refs[1], "--push", "--leave-running")
+        assert second["previous"] == refs[0]
+        sent = [first["pushed"]["bytes_uploaded"], second["pushed"]["bytes_uploaded"]]
+        assert sent[1] <= 0.05 * sent[0], sent
+        assert second["new_bytes"] <= 0.05 * first["new_bytes"]
+        # 10% of the memory rewritten in one region
+        a.ctr("tasks", "kill", "--signal", "SIGUSR2", name)
+        wait_for(lambda: "rewrites 1" in exec_out(a, name, "sh", "-c",
+                                                   "cat /tmp/rewrites 2>/dev/null; true"),
+                 what="memhog's rewrite")
+        estimate3 = json.loads(run_torpor(a, "estimate", name, "--json").stdout)
+        assert estimate3["previous_ref"] == refs[1]
+        third = checkpoint_json(a, name, "-t", refs[2], "--push", "--leave-running")
+        sent.append(third["pushed"]["bytes_uploaded"])
+        assert 0.05 * sent[0] < sent[2] <= 0.2 * sent[0], sent
+        # the estimates against what was stored (bench/generations.py has the exact figures)
+        info1 = json.loads(run_torpor(a, "inspect", refs[0], "--json").stdout)["generation"]
+        assert within(estimate1["full_bytes"], info1["stored_bytes"], 0.25), \
+            (estimate1, info1)
+        info3 = json.loads(run_torpor(a, "inspect", refs[2], "--json").stdout)["generation"]
+        assert info3["estimate_new_bytes"] == estimate3["new_bytes"]
+        assert within(estimate3["new_bytes"], info3["new_bytes"], 0.25), (estimate3, info3)
+        assert "estimate" in run_torpor(a, "inspect", refs[2]).stdout
+    # B holds generation 1; generation 3 brings only its new packs
+    pulled1 = json.loads(run_torpor(b, "pull", refs[0], "--json").stdout)
+    pulled3 = json.loads(run_torpor(b, "pull", refs[2], "--json").stdout)
+    assert pulled3["bytes_downloaded"] <= 0.25 * pulled1["bytes_downloaded"], (pulled1, pulled3)
+    with containers(b) as names:  # and generation 3 is whole: it restores
+        names.append(name)
+        run_torpor(b, "restore", refs[2])
+        b.ctr("tasks", "kill", "--signal", "SIGUSR2", name)
+        wait_for(lambda: "rewrites 2" in exec_out(b, name, "sh", "-c",
+                                                   "cat /tmp/rewrites 2>/dev/null; true"),
+                 what="the restored memhog's second rewrite")
+
+
+def periodic(node: Node, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(node.bin_dir / "torpor"), "checkpoint", *args, "--json"],
+                            env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def local_refs(node: Node, repository: str) -> list[str]:
+    listed = json.loads(run_torpor(node, "ls", "--json").stdout)
+    return sorted(e["ref"] for e in listed if e["ref"].startswith(repository + ":"))
+
+
+def registry_tags(registry: Registry, repository: str) -> list[str]:
+    out = subprocess.run(["skopeo", "list-tags", "--tls-verify=false",
+                          f"docker://{registry.host}/{repository}"], capture_output=True,
+                         text=True, check=True).stdout
+    return sorted(json.loads(out)["Tags"])
+
+
+def test_periodic_checkpoints_keep_the_newest_and_each_restores(
+        gen_nodes: tuple[Node, Node], registry: Registry, session_dir: Path,
+        test_image: dict[str, object]) -> None:
+    a, _ = gen_nodes
+    name = "periodic"
+    repository = f"{registry.host}/gen/{name}"
+    with containers(a) as names:
+        names.append(name)
+        a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c",
+              f"kvserver 7000 & {COUNTER}")
+        wait_kv(a, name)
+        assert kv_ask(a, name, "SET kept yes") == "OK"
+        series = periodic(a, name, "-t", f"{repository}:ck", "--every", "2s", "--keep", "2",
+                          "--push")
+        rounds: list[dict] = []  # type: ignore[type-arg]
+        try:
+            assert series.stdout is not None
+            while len(rounds) < 4:
+                line = series.stdout.readline()
+                assert line, series.stderr.read() if series.stderr else ""
+                rounds.append(json.loads(line))
+                assert rounds[-1]["error"] is None, rounds[-1]
+            series.send_signal(signal.SIGTERM)
+            assert series.wait(timeout=120) == 0
+        finally:
+            if series.poll() is None:
+                series.kill()
+                series.wait()
+        generations = [r["ref"] for r in rounds]
+        assert all(g.startswith(f"{repository}:ck-") for g in generations)
+        assert rounds[-1]["result"]["previous"] in [*generations[:-1], f"{repository}:ck"]
+        kept = sorted(generations[-2:])
+        # the two newest generations and the moving tag, here and in the registry
+        assert local_refs(a, repository) == sorted([f"{repository}:ck", *kept])
+        assert registry_tags(registry, f"gen/{name}") == sorted(
+            ["ck", *(g.rsplit(":", 1)[1] for g in kept)])
+        assert read_counter(a, name) > 0  # the container ran on throughout
+        before = wait_counter_above(a, name, 0)
+    # every kept generation restores, from the local store and from the registry
+    for i, ref in enumerate([*kept, f"{repository}:ck"]):
+        restored = f"{name}-r{i}"
+        with containers(a) as names:
+            names.append(restored)
+            run_torpor(a, "restore", ref, "--name", restored)
+            assert kv_ask(a, restored, "GET kept") == "yes"
+            assert read_counter(a, restored) >= before // 2
+    # prune: one generation of the two goes, locally and in the registry; the other restores
+    out = json.loads(run_torpor(a, "prune", repository, "--keep", "1", "--registry",
+                                "--json").stdout)
+    assert out["removed"] == [kept[0]] and out["registry_error"] is None
+    assert local_refs(a, repository) == sorted([f"{repository}:ck", kept[1]])
+    assert registry_tags(registry, f"gen/{name}") == sorted(["ck", kept[1].rsplit(":", 1)[1]])
+    run_torpor(a, "rm", f"{repository}:ck")
+    with containers(a) as names:
+        names.append(f"{name}-last")
+        run_torpor(a, "restore", kept[1], "--name", f"{name}-last")
+        assert kv_ask(a, f"{name}-last", "GET kept") == "yes"
+
+
+def test_a_registry_that_refuses_deletes_is_named(gen_nodes: tuple[Node, Node],
+                                                  session_dir: Path,
+                                                  test_image: dict[str, object]) -> None:
+    a, _ = gen_nodes
+    frozen = Registry(session_dir / "registries", "no-deletes", delete=False).start()
+    name = "undeletable"
+    repository = f"{frozen.host}/gen/{name}"
+    try:
+        with containers(a) as names:
+            names.append(name)
+            a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+            wait_counter_above(a, name, 2)
+            for n in (1, 2):
+                run_torpor(a, "checkpoint", name, "-t", f"{repository}:{n}", "--push",
+                           "--leave-running")
+        result = run_torpor(a, "prune", repository, "--keep", "1", "--registry", check=False)
+        assert result.returncode == 1
+        assert "does not allow deleting" in result.stderr
+        assert "REGISTRY_STORAGE_DELETE_ENABLED=true" in result.stderr
+        assert local_refs(a, repository) == [f"{repository}:2"]  # the local part is done
+    finally:
+        frozen.stop()
