@@ -231,7 +231,14 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         base_manifest = containerd_image.read_json(client, base.manifest.digest)
         base_config = containerd_image.read_json(client, base.config_digest)
-        for layer in base_manifest.get("layers", []):
+        for layer in base_manifest.get("layers", []):  # from the previous generation, if it has them
+            reused = previous.held.get(str(layer.get("digest"))) if previous else None
+            if reused is not None and reused.stat().st_size == layer.get("size"):
+                target = layout.blob_path(str(layer["digest"]))
+                layout.blob_dir(str(layer["digest"]))
+                if not target.exists():
+                    link_or_copy(reused, target)
+                continue
             _copy_from_containerd(client, layout, layer)
         run_layers = list(base_manifest.get("layers", []))
         if diff_layer is not None:

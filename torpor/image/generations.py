@@ -8,7 +8,7 @@ building one starts by finding that previous generation in the local store, in t
  2. the store's image under the same reference (an older `latest`);
  3. the newest image of the same container (the image index's container annotation);
  4. the newest image of the same repository.
-Its packs are hard-linked into a holding directory first, so that replacing the store entry
+Its layers are hard-linked into a holding directory first, so that replacing the store entry
 they live in (a moving tag) does not lose them before the new image links them in.
 
 A pull or restore links the blobs the store already holds (any image's layout) instead of
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torpor.errors import ImageError
@@ -53,6 +53,7 @@ class Previous:
     chunks: ChunkIndex
     packs: dict[str, Path]    # pack digest -> a file holding it (a link in the holding dir)
     blobs: frozenset[str]     # every blob of its image: what a new one need not send again
+    held: dict[str, Path] = field(default_factory=dict)   # its layers, linked in the holding dir
 
     def known(self) -> dict[str, ChunkLocation]:
         """Its chunks that a new generation refers to instead of storing (packs.py)."""
@@ -117,8 +118,9 @@ def find_previous(store: Store, *, index_digest: str | None, ref: str | None,
 
 def hold_previous(store: Store, hold: Path, *, index_digest: str | None, ref: str | None,
                   container_id: str) -> Previous | None:
-    """The previous generation, its packs linked under `hold` (same filesystem as the store);
-    None when the store holds no earlier image with a chunk index."""
+    """The previous generation, its layers (packs, tar layers, base image layers) linked under
+    `hold` (same filesystem as the store); None when the store holds no earlier image with a
+    chunk index."""
     candidate = find_previous(store, index_digest=index_digest, ref=ref,
                               container_id=container_id)
     if candidate is None:
@@ -133,24 +135,26 @@ def hold_previous(store: Store, hold: Path, *, index_digest: str | None, ref: st
     except (ImageError, OSError):
         return None  # a damaged or foreign entry: build a full generation instead
     hold.mkdir(mode=0o700, parents=True, exist_ok=True)
-    packs: dict[str, Path] = {}
-    for pack in chunks.packs:
-        source = layout.blob_path(pack.digest)
-        held = hold / pack.digest.split(":", 1)[1]
+    layers = [*image.state_layers, *image.runnable_blobs[1:]]  # packs, tar layers, base layers
+    held: dict[str, Path] = {}
+    for blob in layers:
+        source = layout.blob_path(blob.digest)
+        target = hold / blob.digest.split(":", 1)[1]
         try:
-            if source.stat().st_size != pack.size:
+            if source.stat().st_size != blob.size:
                 continue
-            if not held.exists():
-                link_or_copy(source, held)
+            if not target.exists():
+                link_or_copy(source, target)
         except OSError:
             continue
-        packs[pack.digest] = held
-    blobs = {d.digest for d in image.state_layers} | {d.digest for d in image.runnable_blobs}
+        held[blob.digest] = target
+    packs = {p.digest: held[p.digest] for p in chunks.packs if p.digest in held}
+    blobs = {d.digest for d in layers} | {image.runnable_blobs[0].digest}
     blobs |= {image.index.digest, image.state.digest, image.runnable.digest}
     config = image.state_manifest.get("config", {}).get("digest")
     if isinstance(config, str):
         blobs.add(config)
-    return Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs))
+    return Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs), held)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
