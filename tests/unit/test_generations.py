@@ -179,3 +179,46 @@ def test_a_process_pages_are_read_as_criu_dumps_them() -> None:
     assert zero_written - zero_read >= n * 3 // 4  # (other pages change meanwhile)
     for m in (buffer, read_only, written):
         m.close()
+
+
+def test_durations_read_as_users_write_them() -> None:
+    from torpor.cli.durations import parse_duration
+
+    assert parse_duration("90") == 90 and parse_duration("10m") == 600
+    assert parse_duration("1h30m") == 5400 and parse_duration("7d") == 7 * 86400
+    for bad in ("", "10 minutes", "m", "1x", "-5m"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+
+
+def test_a_series_tags_generations_by_time_and_moves_one_tag() -> None:
+    from torpor.ops.schedule import Series
+
+    series = Series.of("reg:5000/team/web:ckpt")
+    assert series.generation(0) == "reg:5000/team/web:ckpt-19700101-000000"
+    assert series.moving == "reg:5000/team/web:ckpt"
+    assert series.pattern.fullmatch("ckpt-20261201-120000")
+    assert not series.pattern.fullmatch("ckpt") and not series.pattern.fullmatch("other-1")
+    untagged = Series.of("reg.example/team/web")
+    assert untagged.generation(0) == "reg.example/team/web:19700101-000000"
+    assert untagged.moving == "reg.example/team/web:latest"
+    assert not untagged.pattern.fullmatch("latest")
+
+
+def test_retention_keeps_the_newest_and_the_recent() -> None:
+    from torpor.errors import ConfigError
+    from torpor.ops.prune import Retention, chosen_to_keep, created_epoch
+
+    made = {f"g{d}": f"2026-01-{d:02d}T00:00:00Z" for d in range(1, 8)}
+    now = created_epoch("2026-01-08T00:00:00Z")
+
+    def kept(retention: Retention) -> list[str]:
+        return sorted(chosen_to_keep(list(made), made.__getitem__, retention, now))
+
+    assert kept(Retention(keep=2)) == ["g6", "g7"]
+    assert kept(Retention(older_than_s=3.5 * 86400)) == ["g5", "g6", "g7"]
+    assert kept(Retention(older_than_s=60)) == ["g7"]  # the newest stays
+    assert kept(Retention(keep=0, older_than_s=60)) == []
+    assert kept(Retention(keep=1, older_than_s=2.5 * 86400)) == ["g6", "g7"]
+    with pytest.raises(ConfigError):
+        Retention()
