@@ -12,7 +12,8 @@
  * that changed part of its memory between two checkpoints looks like.
  *
  * -c: CPU-bound instead of ticking: hashes a small buffer in a loop and writes the number of
- * rounds done so far to WORKFILE about every 100 ms (its throughput, for a checkpoint's cost).
+ * rounds done so far, a hash and its longest stall so far (microseconds) to WORKFILE about
+ * every 100 ms (its throughput and what a checkpoint's freeze looked like from inside).
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -86,10 +87,13 @@ int main(int argc, char **argv) {
                 for (size_t i = 1; i < sizeof work / sizeof *work; i++)
                     work[i] = work[i] * 6364136223846793005ULL + work[i - 1] + rounds;
             uint64_t t = now_us();
+            if (t - last > max) max = t - last;  /* the longest stall between two batches */
+            last = t;
             if (t - written >= 100000) {
-                char line[64];  /* the hash is printed too, so the work cannot be optimised away */
-                snprintf(line, sizeof line, "%llu %llx\n", (unsigned long long)rounds,
-                         (unsigned long long)work[sizeof work / sizeof *work - 1]);
+                char line[96];  /* the hash is printed too, so the work cannot be optimised away */
+                snprintf(line, sizeof line, "%llu %llx %llu\n", (unsigned long long)rounds,
+                         (unsigned long long)work[sizeof work / sizeof *work - 1],
+                         (unsigned long long)max);
                 write_file(workfile, line);
                 written = t;
             }
