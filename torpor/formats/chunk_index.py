@@ -1,4 +1,4 @@
-"""The chunk index of a generation and the index inside each pack (docs/format-chunks.md).
+"""The chunk index of a generation and the index inside each pack (docs/format.md).
 
 A generation's files (CRIU's pages-*.img, or any file) are lists of extents: a chunk of the
 index's chunk table, or a run of zero bytes. The chunk table says where each chunk lives: a

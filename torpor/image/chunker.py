@@ -35,7 +35,7 @@ class ChunkerParams:
 
     min_size: int = 32 << 10    # bench/chunks.py: 128 KiB on average stores 1.5x less than
     avg_size: int = 128 << 10   # 256 KiB where 1% of pages change at random places, for an
-    max_size: int = 512 << 10   # index of ~850 bytes per MiB (docs/format-chunks.md)
+    max_size: int = 512 << 10   # index of ~850 bytes per MiB (docs/format.md)
 
     def __post_init__(self) -> None:
         sizes = (self.min_size, self.avg_size, self.max_size)

@@ -22,7 +22,7 @@ import zstandard
 from torpor.errors import ImageError
 from torpor.formats.chunk_index import PackIndex, PackRecord
 
-LEVEL = 1                    # zstd level: memory pages compress no better at 3 (docs/format-chunks.md)
+LEVEL = 1                    # zstd level: memory pages compress no better at 3 (docs/benchmarks.md)
 SKIPPABLE_MAGIC = 0x184D2A5E
 TRAILER_MAGIC = b"torpack1"
 _TRAILER = struct.Struct("<Q8s")
