@@ -13,7 +13,8 @@ snapshot or scratch directory is left):
  3. the policy: the checkpoint's spec, rewritten for this restore, against this node's restore
     policy and what the user granted (capture.restore_policy): hooks, host mounts, devices,
     capabilities, namespaces, the root path; refused before anything is created;
- 4. registry only: download the layers into the local store, every blob digest-checked;
+ 4. registry only: link the layers the local store already holds (packs of earlier
+    generations), download the others into it, every blob digest-checked;
  5. images only: unpack the state layers into scratch space (the CRIU images; encrypted layers
     decrypted there) and import the runnable image (base layers + the read-write layer) into
     containerd;
@@ -22,7 +23,8 @@ snapshot or scratch directory is left):
     rewritten for the new name and node), runtime io.containerd.runc.v2 with BinaryName = this
     node's torpor-runc;
  8. the task from the CRIU images (criu_image_path), repeating BinaryName in the task options
-    because containerd does not merge them with the container's, with the grant record that
+    because containerd does not merge them with the container's, with a stdin FIFO (so that the
+    restored init's fd 0 is a pipe a later checkpoint can dump) and the grant record that
     torpor-runc checks the spec against again; Tasks.Start runs torpor-runc restore, which puts
     back the CRIU flags, network, volumes and GPU state.
 The checkpoint itself is only read.
