@@ -101,6 +101,12 @@ def test_a_next_generation_stores_and_sends_what_changed(
         assert info3["estimate_new_bytes"] == estimate3["new_bytes"]
         assert within(estimate3["new_bytes"], info3["new_bytes"], 0.25), (estimate3, info3)
         assert "estimate" in run_torpor(a, "inspect", refs[2]).stdout
+        # the same reference again: its old entry is replaced, its packs carried over
+        again = checkpoint_json(a, name, "-t", refs[2], "--leave-running")
+        assert again["previous"] == refs[2] and again["new_bytes"] <= 0.05 * first["new_bytes"]
+        names.append(f"{name}-again")
+        run_torpor(a, "restore", refs[2], "--name", f"{name}-again")
+        assert "rewrites 1" in exec_out(a, f"{name}-again", "cat", "/tmp/rewrites")
     # B holds generation 1; generation 3 brings only its new packs
     pulled1 = json.loads(run_torpor(b, "pull", refs[0], "--json").stdout)
     pulled3 = json.loads(run_torpor(b, "pull", refs[2], "--json").stdout)
