@@ -124,7 +124,8 @@ def test_the_registry_holds_no_plaintext_state(registry: Registry, pushed: dict[
     kinds = [layer["mediaType"] for layer in state["layers"]]
     assert kinds[0] == "application/vnd.torpor.checkpoint.metadata.v1+json+encrypted"
     assert all(kind.endswith("+encrypted") for kind in kinds)
-    assert any("criu.v1.tar+zstd+encrypted" in kind for kind in kinds)
+    assert any("pack.v1+encrypted" in kind for kind in kinds)          # CRIU's images, in chunks
+    assert any("chunk-index.v1+json+zstd+encrypted" in kind for kind in kinds)
     assert any("volumes.v1.tar+zstd+encrypted" in kind for kind in kinds)
     assert runnable["layers"][-1]["mediaType"].endswith("tar+zstd+encrypted")   # rootfs diff
     assert not any(layer["mediaType"].endswith("+encrypted") for layer in runnable["layers"][:-1])
@@ -224,7 +225,7 @@ def test_skopeo_decrypts_a_torpor_encrypted_checkpoint(enc_nodes: tuple[Node, No
                  if (data := path.read_bytes())[:1] == b"{"]
     layers = [layer for doc in documents for layer in doc.get("layers", [])]
     assert layers and not any(layer["mediaType"].endswith("+encrypted") for layer in layers)
-    assert any(layer["mediaType"].endswith("criu.v1.tar+zstd") for layer in layers)
+    assert any(layer["mediaType"].endswith("pack.v1") for layer in layers)
     for layer in layers:   # each decrypted blob is there, whole
         assert layout.holds_intact(Descriptor(layer["mediaType"], layer["digest"], layer["size"]))
     volume = tmp_path / "volume"

@@ -321,7 +321,7 @@ def state_change(change: Callable[[dict[str, Any], dict[str, Any], Path], None]
 def first_criu_blob(layout: Path) -> Path:
     found: list[dict[str, Any]] = []
     oci_edit.edit(layout, lambda state, metadata, root: found.extend(state["layers"]))
-    criu = next(layer for layer in found if "criu.v1" in layer["mediaType"])
+    criu = next(layer for layer in found if "pack.v1" in layer["mediaType"])  # CRIU's chunks
     return layout / "blobs" / "sha256" / criu["digest"].split(":")[1]
 
 
@@ -410,7 +410,7 @@ def alter_ciphertext(layout: Path) -> None:
     """One byte of an encrypted CRIU layer changed, its descriptor's digest made to match: only
     the HMAC can tell (no key, no valid HMAC)."""
     def change(state: dict[str, Any], metadata: dict[str, Any], root: Path) -> None:
-        layer = next(x for x in state["layers"] if "criu.v1" in x["mediaType"])
+        layer = next(x for x in state["layers"] if "pack.v1" in x["mediaType"])
         data = bytearray((root / "blobs" / "sha256" / layer["digest"].split(":")[1]).read_bytes())
         data[len(data) // 3] ^= 0x01
         new = oci_edit.blob(root, layer["mediaType"], bytes(data))

@@ -302,13 +302,20 @@ def test_the_registry_drops_the_connection(fnode: Node, registry: Registry) -> N
         proxy.close()
 
 
-def test_a_failed_pull_leaves_the_local_copy_as_it_was(fnode: Node, registry: Registry) -> None:
+def test_a_failed_pull_leaves_the_local_copy_as_it_was(fnode: Node, registry: Registry,
+                                                        tmp_path: Path) -> None:
     ref = f"{registry.host}/faults/pulled:1"
     with containers(fnode) as names:
         before = counter(fnode, names, "pulled")
         torpor(fnode, "checkpoint", "pulled", "-t", ref, "--push", "--leave-running")
         listed = json.loads(torpor(fnode, "ls", "--json").stdout)
-        blobs = sorted((Path(listed[0]["layout"]) / "blobs" / "sha256").iterdir(),
+        here = {p.name for p in (Path(listed[0]["layout"]) / "blobs" / "sha256").iterdir()}
+        # a newer generation under the same tag, in the registry only: a pull fetches just the
+        # blobs the store lacks (the others are linked), so one of those is the one to rot
+        newer = tmp_path / "newer"
+        torpor(fnode, "checkpoint", "pulled", "-o", str(newer), "--oci", "--leave-running")
+        torpor(fnode, "push", str(newer), ref)
+        blobs = sorted((p for p in (newer / "blobs" / "sha256").iterdir() if p.name not in here),
                        key=lambda p: p.stat().st_size)
         damaged = registry.blob_data(f"sha256:{blobs[-1].name}")  # the registry's copy rots
         damaged.write_bytes(bytes(b ^ 0xFF for b in damaged.read_bytes()))
