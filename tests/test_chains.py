@@ -3,8 +3,7 @@ checkpointed and restored again, generation after generation: with torpor's CLI,
 across nodes A -> B -> C through a registry; the counter, the key-value state and an
 established TCP connection come through every generation.
 
-The node's containerd version is a parameter (`containerd_version`): tests/conftest.py's nodes
-take it once they can run containerd 2.x; add "2" to CONTAINERD_VERSIONS then.
+Each runs on containerd 1.6 and 2.x (the `containerd_version` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -34,20 +33,7 @@ from .support.workload import (
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 GENERATIONS = 5
-CONTAINERD_VERSIONS = ["1.6"]
-
-
-@pytest.fixture(scope="session")
-def containerd_version(request: pytest.FixtureRequest) -> str:
-    """The containerd of this test's nodes (tests/conftest.py's `node` reads it once it runs
-    several versions; until then every node is the session's 1.6)."""
-    return str(getattr(request, "param", "1.6"))
-
-
-def start_node(nodes: Nodes, name: str, version: str, **options: object) -> Node:
-    if version != "1.6":
-        options["containerd"] = version
-    return nodes.start(name, **options)  # type: ignore[arg-type]
+CONTAINERD_VERSIONS = ["1.6", "2"]
 
 
 def node_config(session_dir: Path, name: str) -> Path:
@@ -71,7 +57,7 @@ def test_five_generations_with_torpor(node: Node, containerd_version: str,
     """checkpoint -t, restore, five times over; a client outside keeps one connection open."""
     netns = NetNS("torpor-chain")
     host_if, _ = veth_pair(None, "10.79.0.1/24", netns, "10.79.0.2/24")
-    name = f"chain-cli-{containerd_version}"
+    name = f"chain-cli-{containerd_version.replace('.', '')}"
     refs = [f"localhost/chain/{name}:gen{n}" for n in range(1, GENERATIONS + 1)]
     try:
         with containers(node) as names:
@@ -90,7 +76,7 @@ def test_five_generations_with_torpor(node: Node, containerd_version: str,
                     assert out["previous"] == refs[generation - 2]
                 node.ctr("tasks", "delete", name)
                 node.ctr("containers", "delete", name)
-                run_torpor(node, "restore", ref)
+                run_torpor(node, "restore", ref, "--netns", netns.path)  # the policy: say so
                 # the connection opened before the first checkpoint, with the server's state
                 assert client.ask("INCR generation") == str(generation)
                 counter = read_counter(node, name)
@@ -130,7 +116,7 @@ def test_five_generations_with_ctr_after_a_torpor_restore(
         node: Node, containerd_version: str, test_image: dict[str, object]) -> None:
     """The container torpor restored is checkpointed by ctr, five times (the restored init's
     stdin is a pipe, as ctr gives, not the shim's /dev/null that CRIU cannot find)."""
-    name = f"chain-ctr-{containerd_version}"
+    name = f"chain-ctr-{containerd_version.replace('.', '')}"
     refs = [f"localhost/chain/{name}:ctr{n}" for n in range(1, GENERATIONS + 1)]
     first = f"localhost/chain/{name}:torpor"
     try:
@@ -183,8 +169,8 @@ def test_a_to_b_to_c_through_a_registry(nodes: Nodes, session_dir: Path,
     """Generation 1 from A, restored on B; generation 2 from B (only what changed is pushed),
     restored on C; A, which holds generation 1, pulls generation 2's new blobs only."""
     v = containerd_version
-    a, b, c = (start_node(nodes, f"ch{v}-{n}", v, own_netns=True,
-                          config=node_config(session_dir, f"ch{v}-{n}")) for n in "abc")
+    a, b, c = (nodes.start(f"ch{v}-{n}", own_netns=True, containerd=v,
+                           config=node_config(session_dir, f"ch{v}-{n}")) for n in "abc")
     name = "travels"
     ref1, ref2 = (f"{chain_registry.host}/chain/{name}:gen{n}" for n in (1, 2))
     with containers(a) as on_a, containers(b) as on_b, containers(c) as on_c:
