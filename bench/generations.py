@@ -155,8 +155,8 @@ def cost(w: World, mib: int, every: int, seconds: int, windows: int) -> None:
     for name in names:
         node.ctr("run", "-d", *SHIM, IMAGE, name, "memhog", str(mib), "-c", "/tmp/work")
     try:
-        for name in names:
-            wait_for(lambda n=name: work_done(node, n) > 0, timeout=60, what=name)
+        wait_for(lambda: all(work_done(node, n) > 0 for n in names), timeout=60,
+                 what="both workloads")
         time.sleep(2)
         alone: list[float] = []
         under: list[float] = []
