@@ -9,6 +9,7 @@ Each runs on containerd 1.6 and 2.x (the `containerd_version` fixture of tests/c
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def test_five_generations_with_ctr_after_a_torpor_restore(
 
 @pytest.fixture(scope="module")
 def chain_registry(session_dir: Path) -> Iterator[Registry]:
-    registry = Registry(session_dir / "registries", "chains").start()
+    # pytest may set this module fixture up once per containerd version: a directory each
+    registry = Registry(session_dir / "registries", f"chains-{uuid.uuid4().hex[:8]}").start()
     yield registry
     registry.stop()
 
