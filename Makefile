@@ -16,8 +16,9 @@ venv:
 	@bash packaging/install-deps.sh --python
 
 # The core suite, which runs a second time on containerd 2.x over runc 1.3 (the first run is
-# Debian's containerd 1.6 and runc 1.1.5): about a minute on two cores.
-CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py
+# Debian's containerd 1.6 and runc 1.1.5; the chains run on 1.6 and 2.x both times): about two
+# minutes on two cores.
+CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py tests/test_chains.py
 
 # The whole suite: lint, types, the fast tests, then every test (real containerd, runc, CRIU,
 # registry), then the core tests again on the other versions.
