@@ -10,8 +10,8 @@ paths on sys.path themselves.
 
 `containerd-shim-torpor-v2` lets clients that pick a runtime by name (`ctr run --runtime
 io.containerd.torpor.v2`, `nerdctl run --runtime ...`) use torpor with no options: containerd
-maps that name to this binary, which runs containerd's runc v2 shim with a PATH whose `runc` is
-torpor-runc.
+maps that name to this binary (the compiled front end again, or a shell script where there was
+no compiler), which runs containerd's runc v2 shim with a PATH whose `runc` is torpor-runc.
 """
 
 from __future__ import annotations
@@ -87,8 +87,10 @@ def _c_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def compile_frontend(out: str, python: str, script: str) -> bool:
-    """Build torpor-runc's front end at `out`; False when there is no working C compiler."""
+def compile_frontend(out: str, python: str, script: str, runc_dir: str = "",
+                     shim: str = "") -> bool:
+    """Build torpor-runc's front end at `out` (also the shim launcher under that name, with
+    `runc_dir` and the runc shim found at install); False when there is no working C compiler."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return False
@@ -97,10 +99,17 @@ def compile_frontend(out: str, python: str, script: str) -> bool:
         header = os.path.join(build, "paths.h")
         with open(header, "w") as f:
             f.write(f"#define TORPOR_PYTHON {_c_string(python)}\n"
-                    f"#define TORPOR_SCRIPT {_c_string(script)}\n")
+                    f"#define TORPOR_SCRIPT {_c_string(script)}\n"
+                    f"#define TORPOR_RUNC_DIR {_c_string(runc_dir)}\n"
+                    f"#define TORPOR_SHIM {_c_string(shim)}\n")
         binary = os.path.join(build, "torpor-runc")
-        result = subprocess.run([compiler, "-O2", "-Wall", "-include", header, "-o", binary,
-                                 source], capture_output=True, text=True)
+        # static where the C library allows it: no dynamic loader on every container operation
+        # (measured here: +0.1-0.5 ms over runc itself, against +0.9-1.4 ms dynamically linked)
+        for flags in (["-static", "-s"], ["-s"]):
+            result = subprocess.run([compiler, "-O2", "-Wall", *flags, "-include", header, "-o",
+                                     binary, source], capture_output=True, text=True)
+            if result.returncode == 0:
+                break
         if result.returncode != 0:
             sys.stderr.write(f"torpor: building torpor-runc's front end failed, using the Python "
                              f"launcher:\n{result.stderr}")
@@ -129,15 +138,23 @@ def install(bin_dir: str, lib_dir: str | None = None, python: str | None = None)
     os.makedirs(runc_dir, exist_ok=True)
     os.replace(written["torpor-runc"], script)
     written["torpor-runc.py"] = script
-    if not compile_frontend(written["torpor-runc"], python, script):
+    shim = find_runc_shim()
+    compiled = compile_frontend(written["torpor-runc"], python, script, runc_dir, shim)
+    if not compiled:
         shutil.copy2(script, written["torpor-runc"])
     link = os.path.join(runc_dir, "runc")
     if os.path.lexists(link):
         os.unlink(link)
     os.symlink(written["torpor-runc"], link)
+    # containerd-shim-torpor-v2: the front end under that name (it then launches the runc
+    # shim); a shell script where there was no C compiler
     shim_path = os.path.join(bin_dir, "containerd-shim-torpor-v2")
-    _write_executable(shim_path, SHIM_LAUNCHER.format(
-        version=torpor.__version__, runc_dir=runc_dir, shim=find_runc_shim()))
+    if compiled:
+        shutil.copy2(written["torpor-runc"], shim_path + ".tmp")
+        os.replace(shim_path + ".tmp", shim_path)
+    else:
+        _write_executable(shim_path, SHIM_LAUNCHER.format(
+            version=torpor.__version__, runc_dir=runc_dir, shim=shim))
     written["containerd-shim-torpor-v2"] = shim_path
     return written
 

@@ -9,7 +9,12 @@
  * without one), found on PATH but never this program itself. Anything this file cannot decide
  * plainly (a config line it does not understand, a runtime it cannot find, one that leads back
  * here) goes to the Python program, which decides the same way and reports errors in runc's log
- * format. torpor.runtime_config.launchers compiles this file with the two paths defined.
+ * format. torpor.runtime_config.launchers compiles this file with the paths defined.
+ *
+ * Called as containerd-shim-torpor-v2 (the same binary under that name), it is the shim
+ * launcher instead: containerd runs it for the runtime io.containerd.torpor.v2, and it runs
+ * containerd's runc v2 shim (the one on containerd's PATH, else TORPOR_SHIM) with TORPOR_RUNC_DIR,
+ * whose `runc` is torpor-runc, first on PATH.
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -25,6 +30,14 @@
 #ifndef TORPOR_SCRIPT
 #error "TORPOR_SCRIPT must name torpor-runc's Python program"
 #endif
+#ifndef TORPOR_RUNC_DIR
+#define TORPOR_RUNC_DIR ""
+#endif
+#ifndef TORPOR_SHIM
+#define TORPOR_SHIM ""
+#endif
+#define SHIM_NAME "containerd-shim-torpor-v2"
+#define RUNC_SHIM "containerd-shim-runc-v2"
 
 #define MARKER "TORPOR_RUNC_LOWLEVEL"  /* set for runc: seeing it means runc led back here */
 #define SELF_ENV "TORPOR_RUNC_PATH"    /* tells the Python program where torpor-runc is */
@@ -150,7 +163,35 @@ static void exec_runtime(const char *runtime, int argc, char **argv) {
     (void)argc;
 }
 
+/* containerd-shim-torpor-v2: containerd's runc shim, with torpor-runc as its runc. */
+static int shim_launcher(int argc, char **argv) {
+    const char *search = getenv("PATH");
+    char shim[PATH_MAX];
+    snprintf(shim, sizeof shim, "%s", TORPOR_SHIM);
+    char *dirs = strdup(search && *search ? search : DEFAULT_PATH);
+    for (char *dir = strtok(dirs, ":"); dir; dir = strtok(NULL, ":")) {
+        char candidate[PATH_MAX];
+        if (dir[0] == '/' && snprintf(candidate, sizeof candidate, "%s/%s", dir, RUNC_SHIM) <
+                                 (int)sizeof candidate && usable(candidate)) {
+            snprintf(shim, sizeof shim, "%s", candidate);
+            break;
+        }
+    }
+    char path[8192];
+    snprintf(path, sizeof path, "%s:%s", TORPOR_RUNC_DIR, search && *search ? search : DEFAULT_PATH);
+    setenv("PATH", path, 1);
+    argv[0] = shim;
+    execv(shim, argv);
+    fprintf(stderr, SHIM_NAME ": cannot run %s: ", shim[0] ? shim : RUNC_SHIM);
+    perror(NULL);
+    (void)argc;
+    return 127;
+}
+
 int main(int argc, char **argv) {
+    const char *name = strrchr(argv[0], '/');
+    if (strcmp(name ? name + 1 : argv[0], SHIM_NAME) == 0)
+        return shim_launcher(argc, argv);
     if (!realpath("/proc/self/exe", self))
         self[0] = '\0';
     int command = subcommand(argc, argv);
