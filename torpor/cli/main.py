@@ -17,22 +17,27 @@ import torpor
 from torpor.cli.output import Globals
 from torpor.errors import TorporError
 
-# verb -> its module (one per verb), imported only when that verb runs
+# verb -> its module (one per verb), imported only when that verb runs, and its line in
+# `torpor --help` (so that the list costs no import; tests/unit/test_cli_help.py keeps them true)
 LAZY_COMMANDS = {
-    "checkpoint": "torpor.cli.checkpoint_cmd",
-    "restore": "torpor.cli.restore_cmd",
-    "push": "torpor.cli.push_cmd",
-    "import": "torpor.cli.import_cmd",
-    "pull": "torpor.cli.pull_cmd",
-    "inspect": "torpor.cli.inspect_cmd",
-    "ls": "torpor.cli.ls_cmd",
-    "rm": "torpor.cli.rm_cmd",
-    "check": "torpor.cli.check_cmd",
-    "runtime-config": "torpor.cli.runtime_config_cmd",
-    "kube": "torpor.cli.kube_cmd",
-    "recover": "torpor.cli.recover_cmd",
-    "estimate": "torpor.cli.estimate_cmd",
-    "prune": "torpor.cli.prune_cmd",
+    "checkpoint": ("torpor.cli.checkpoint_cmd",
+                   "Checkpoint a container to a directory, image or registry."),
+    "restore": ("torpor.cli.restore_cmd",
+                "Restore a container from a directory, image or archive."),
+    "push": ("torpor.cli.push_cmd", "Push a checkpoint to a registry."),
+    "pull": ("torpor.cli.pull_cmd", "Pull a checkpoint image into the local store."),
+    "import": ("torpor.cli.import_cmd", "Import a checkpoint made by nerdctl or ctr."),
+    "inspect": ("torpor.cli.inspect_cmd", "Show what a checkpoint holds."),
+    "ls": ("torpor.cli.ls_cmd", "List the local checkpoint images."),
+    "rm": ("torpor.cli.rm_cmd", "Delete local checkpoint images."),
+    "prune": ("torpor.cli.prune_cmd", "Remove old checkpoint generations."),
+    "estimate": ("torpor.cli.estimate_cmd",
+                 "Estimate a container's next checkpoint, without taking it."),
+    "recover": ("torpor.cli.recover_cmd", "Finish checkpoints a crashed torpor left."),
+    "check": ("torpor.cli.check_cmd", "Check this node: containerd, runc, CRIU, cgroups, GPUs."),
+    "runtime-config": ("torpor.cli.runtime_config_cmd",
+                       "Print or install the engine configuration for torpor-runc."),
+    "kube": ("torpor.cli.kube_cmd", "Kubernetes: kubelet's checkpoint archives and images."),
 }
 
 
@@ -40,15 +45,19 @@ class TorporGroup(click.Group):
     """Loads heavy commands on first use and turns torpor errors into one clear line."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx),
-                       *(n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None)})
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in LAZY_COMMANDS:
-            module = __import__(LAZY_COMMANDS[name], fromlist=["COMMANDS"])
+            module = __import__(LAZY_COMMANDS[name][0], fromlist=["COMMANDS"])
             command: click.Command | None = module.COMMANDS.get(name)
             return command
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, LAZY_COMMANDS[name][1]) for name in sorted(LAZY_COMMANDS)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
