@@ -8,7 +8,6 @@ from torpor import config
 from torpor.cli.durations import duration_option
 from torpor.cli.encryption_flags import recipient_option, recipients_from
 from torpor.cli.output import Globals, emit_json, human_size
-from torpor.cli.periodic import periodic
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.formats.criu import CriuOptions
 from torpor.formats.files import VolumePolicy
@@ -90,6 +89,8 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     if every is not None:
         if not ref or directory:
             raise click.UsageError("--every needs -t REF (and no -o DIR)")
+        from torpor.cli.periodic import periodic  # the schedule's modules, only for a series
+
         periodic(g, container, request, target, every, keep, older_than, as_json)
         return
     if keep is not None or older_than is not None:

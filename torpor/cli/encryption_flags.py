@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from torpor.image.encryption_keys import (
-    DecryptionKey,
-    Recipient,
-    parse_decryption_key,
-    parse_recipient,
-)
+if TYPE_CHECKING:  # the keys (and `cryptography`) load only when an option is given
+    from torpor.image.encryption_keys import DecryptionKey, Recipient
 
 F = Callable[..., Any]
 
@@ -33,8 +29,16 @@ def decryption_key_option(fn: F) -> F:
 
 
 def recipients_from(values: tuple[str, ...]) -> tuple[Recipient, ...]:
+    if not values:
+        return ()
+    from torpor.image.encryption_keys import parse_recipient
+
     return tuple(parse_recipient(value) for value in values)
 
 
 def keys_from(values: tuple[str, ...]) -> tuple[DecryptionKey, ...]:
+    if not values:
+        return ()
+    from torpor.image.encryption_keys import parse_decryption_key
+
     return tuple(parse_decryption_key(value) for value in values)

@@ -35,7 +35,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torpor.capture import journal as journals
 from torpor.capture.journal import ContainerLock
@@ -50,17 +50,19 @@ from torpor.formats import annotations as ann
 from torpor.formats.files import Sizes
 from torpor.formats.journal import JournalTarget
 from torpor.formats.request import CheckpointRequest
-from torpor.image import build as image_build
-from torpor.image import encrypt_layout
-from torpor.image.encryption_keys import Recipient
 from torpor.image.store import Store
-from torpor.ops import generation, recover
+from torpor.ops import recover
 from torpor.ops.access import RegistryAccess
 from torpor.ops.checkpoint_dir import CheckpointedContainer, checkpoint_into
-from torpor.ops.sources import mount_from, registry_options, tag_of
 from torpor.ops.transaction import Transaction, signals_abort
-from torpor.registry import EarlyBlobs, RegistryOptions, parse_reference, push_layout
 from torpor.reporting import SILENT, Progress
+
+if TYPE_CHECKING:
+    from torpor.image.encryption_keys import Recipient
+    from torpor.registry import EarlyBlobs, RegistryOptions
+
+# The image path (zstd, chunking, generations, the registry client, encryption) is imported
+# where it is taken: a checkpoint into a directory does not pay for it (docs/benchmarks.md).
 
 
 @dataclass(frozen=True)
@@ -128,10 +130,15 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
         progress.step(f"recovered {recovered.describe()}")
     progress.step(f"reading container {container_id}")
     container = _read_container(client, container_id)
-    push = registry_options(cfg, target.ref, target.registry) \
-        if target.push and target.ref else None
-    early = EarlyBlobs(target.ref, push, _mount_from(container, target.ref)) \
-        if push is not None and target.ref else None  # its session finds the credentials now
+    push: RegistryOptions | None = None
+    early: EarlyBlobs | None = None
+    if target.push and target.ref:
+        from torpor.ops.sources import registry_options
+        from torpor.registry import EarlyBlobs
+
+        push = registry_options(cfg, target.ref, target.registry)
+        early = EarlyBlobs(target.ref, push, _mount_from(container, target.ref))
+        # its session finds the credentials now
     try:
         # 2. the journal and the output's place
         checkpoint_id = journals.new_id()
@@ -171,6 +178,12 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
                                 directory=directory)
 
     # 7. the image, 8. the push or the store
+    from torpor.image import build as image_build
+    from torpor.image import encrypt_layout
+    from torpor.ops import generation
+    from torpor.ops.sources import mount_from, tag_of
+    from torpor.registry import push_layout
+
     ref = target.ref
     layout_dir = plan.directory if target.oci and plan.directory else \
         os.path.join(plan.scratch, "layout")
@@ -272,6 +285,8 @@ def _read_container(client: Client, container_id: str) -> CheckpointedContainer:
 
 def _mount_from(container: CheckpointedContainer, ref: str) -> list[str]:
     """The base image's repository, when it lives in the target's registry."""
+    from torpor.registry import parse_reference
+
     if container.image is None:
         return []
     try:
