@@ -11,9 +11,12 @@ pyroute2's errors become NetworkError here.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import ipaddress
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +47,8 @@ def _ipr(netns: str) -> Any:
     instead this thread enters it (setns on a descriptor opened read-only: never creating a
     namespace, as pyroute2's O_CREAT default would), opens the socket there, and comes back to
     its own namespace. The socket stays bound to the namespace it was made in."""
-    from pyroute2 import IPRoute
+    _defer_pyroute2_package()
+    from pyroute2.iproute.linux import IPRoute
     from pyroute2.netns import setns
 
     try:
@@ -63,6 +67,31 @@ def _ipr(netns: str) -> Any:
     finally:
         os.close(target)
         os.close(own)
+
+
+def _defer_pyroute2_package() -> None:
+    """pyroute2's package `__init__` imports every module it has (IPDB, NDB, conntrack, ipset,
+    ...), about 50 ms more than the few that IPRoute needs, on every checkpoint and restore.
+    When nothing has imported pyroute2 yet, its package is registered without running that
+    `__init__`; the first attribute asked of the package itself (`from pyroute2 import NDB`)
+    runs it then, so other code in the process sees the whole package as usual."""
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None:
+        return  # not installed: the import below says so
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def complete(name: str) -> Any:
+        if importlib.util.find_spec(f"pyroute2.{name}") is not None:  # a module: just it
+            return importlib.import_module(f"pyroute2.{name}")
+        delattr(package, "__getattr__")
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    vars(package)["__getattr__"] = complete  # PEP 562: asked for what it lacks
+    sys.modules["pyroute2"] = package
 
 
 def _links(ipr: Any) -> tuple[list[Link], dict[int, str]]:
