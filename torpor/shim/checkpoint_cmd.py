@@ -125,6 +125,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         network = netns.capture(config, pid)
         tree = processes.process_tree(cgroup.pids())
         timings["network_s"] = time.monotonic() - t
+        seal = seal_of(ctx, config)  # before the freeze: nothing in it may wait on torpor
 
         # 4. freeze, 5. files, 6. runc checkpoint; thawed as soon as runc is done
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
@@ -138,7 +139,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                 torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
                 criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
                 timings={**timings, "total_s": time.monotonic() - started},
-                frozen_by_torpor=we_froze, spec_seal=seal_of(ctx, config))
+                frozen_by_torpor=we_froze, spec_seal=seal)
             env = None
             if two_phase and journal is not None:
                 journal.mark(names.PENDING_STATE, state.dumps().decode())
