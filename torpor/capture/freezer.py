@@ -2,6 +2,7 @@
 
 torpor freezes a container itself, briefly, so that the files it saves (the read-write layer,
 volumes, /dev/shm) match the memory CRIU dumps; CRIU keeps a frozen cgroup frozen and dumps it.
+(With --leave-running, CRIU's pre-dump action freezes it the same way, in sh: shim/pre_dump.py.)
 """
 
 from __future__ import annotations

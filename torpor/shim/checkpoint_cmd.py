@@ -11,8 +11,10 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
  2. GPU: lock every CUDA process, then checkpoint each (GPU memory moves into host memory);
     undo: restore and unlock. The container must not be frozen while this runs;
  3. network: links, addresses, routes, rules, neighbours and the sockets' local addresses;
- 4. freeze the container (unless containerd already paused it), so that the files saved next
-    match the memory CRIU dumps; undo: thaw;
+ 4. freeze the container (unless containerd already paused it), so that the files saved
+    match the memory CRIU dumps; undo: thaw. With --leave-running, CRIU's pre-dump action
+    freezes it (torpor.shim.pre_dump), after runc's and CRIU's start-up, and steps 5 and 6
+    swap: the files are saved once runc is done, the container still frozen;
  5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
  6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container. For a
     `torpor checkpoint` that stops the container, CRIU's post-dump hook (torpor.shim.post_dump)
@@ -43,10 +45,14 @@ from torpor.capture.journal import ContainerLock, Journal
 from torpor.errors import CheckpointError, CriuError
 from torpor.formats import names
 from torpor.formats import state as container_state
+from torpor.formats.criu import CriuOptions
+from torpor.formats.files import FilePolicy, SavedFiles
 from torpor.formats.gpu import GpuState
 from torpor.formats.journal import RuntimeRecord
+from torpor.formats.network import NetworkState
 from torpor.formats.oci import OciSpec
-from torpor.shim import criu_log, interrupt, post_dump, runc, spec
+from torpor.formats.state import ProcessInfo
+from torpor.shim import criu_log, interrupt, post_dump, pre_dump, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
 from torpor.shim.guardian import Guardian, Pending
@@ -130,24 +136,28 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         # 4. freeze, 5. files, 6. runc checkpoint; thawed as soon as runc is done
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
                       thaw=not cgroup.is_frozen())
-        with frozen(cgroup, ctx.log) as we_froze:
-            interrupt.hold(ctx, "frozen")
-            t = time.monotonic()
-            saved = files.save(pid, config, policy, image_path, ctx.log)
-            timings["files_s"] = time.monotonic() - t
-            state = container_state.ContainerState(
-                torpor_version=torpor.__version__, container_id=container_id, init_pid=pid,
-                criu=criu, policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
-                timings={**timings, "total_s": time.monotonic() - started},
-                frozen_by_torpor=we_froze, spec_seal=seal)
-            env = None
-            if two_phase and journal is not None:
-                journal.mark(names.PENDING_STATE, state.dumps().decode())
-                env = post_dump.install(journal)
-            t = time.monotonic()
-            code, output, errors = run_runc(ctx, argv, guardian, env)
-            timings["runc_checkpoint_s"] = time.monotonic() - t
+        if criu.leave_running and not cgroup.is_frozen():
+            # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
+            code, output, errors, we_froze, saved = _dump_leaving_running(
+                ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings)
+        else:
+            with frozen(cgroup, ctx.log) as we_froze:
+                interrupt.hold(ctx, "frozen")
+                t = time.monotonic()
+                saved = files.save(pid, config, policy, image_path, ctx.log)
+                timings["files_s"] = time.monotonic() - t
+                env = None
+                if two_phase and journal is not None:
+                    journal.mark(names.PENDING_STATE, _state(
+                        container_id, pid, criu, policy, network, saved, tree, gpu, timings,
+                        started, we_froze, seal).dumps().decode())
+                    env = post_dump.install(journal)
+                t = time.monotonic()
+                code, output, errors = run_runc(ctx, argv, guardian, env)
+                timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
+        state = _state(container_id, pid, criu, policy, network, saved, tree, gpu, timings,
+                       started, we_froze, seal)
         if code != 0:
             raise _runc_failed(inv, journal, two_phase, code, output + errors)
         os.write(1, output)
@@ -164,6 +174,48 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
             guardian.release()
         # 8. leaving the block restores and unlocks the GPUs (leave-running)
     return 0
+
+
+def _state(container_id: str, pid: int, criu: CriuOptions, policy: FilePolicy,
+           network: NetworkState, saved: SavedFiles, tree: tuple[ProcessInfo, ...],
+           gpu: GpuState | None, timings: dict[str, float], started: float, we_froze: bool,
+           seal: str) -> container_state.ContainerState:
+    return container_state.ContainerState(
+        torpor_version=torpor.__version__, container_id=container_id, init_pid=pid, criu=criu,
+        policy=policy, network=network, files=saved, processes=tree, gpu=gpu,
+        timings={**timings, "total_s": time.monotonic() - started}, frozen_by_torpor=we_froze,
+        spec_seal=seal)
+
+
+def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgroup: Cgroup,
+                          journal: Journal | None, pid: int, config: OciSpec,
+                          policy: FilePolicy, image_path: str, timings: dict[str, float],
+                          ) -> tuple[int, bytes, bytes, bool, SavedFiles]:
+    """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
+    (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
+    the thaw. runc's status and output, whether the hook froze it, and the files saved."""
+    hook = pre_dump.PreDumpHook.install(cgroup, journal.path if journal else None,
+                                        ctx.cfg.runtime_state_dir)
+    we_froze = False
+    saved = SavedFiles()
+    try:
+        t = time.monotonic()
+        code, output, errors = run_runc(ctx, argv, guardian, hook.env())
+        timings["runc_checkpoint_s"] = time.monotonic() - t
+        we_froze = hook.froze()
+        if code == 0:
+            interrupt.hold(ctx, "frozen")
+            t = time.monotonic()
+            saved = files.save(pid, config, policy, image_path, ctx.log)
+            timings["files_s"] = time.monotonic() - t
+    finally:
+        if hook.froze() and os.path.isdir(cgroup.path):
+            try:
+                cgroup.thaw()
+            except OSError as e:
+                ctx.log.warning(f"could not thaw {cgroup.path}: {e}")
+        hook.remove()
+    return code, output, errors, we_froze, saved
 
 
 def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool, code: int,
