@@ -36,7 +36,7 @@ from torpor.errors import ImageError
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
 from torpor.formats import names
-from torpor.formats.chunk_index import ChunkIndex
+from torpor.formats.chunk_index import ChunkIndex, PackRecord
 from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.oci import Descriptor
 from torpor.image import directory as checkpoint_dir
@@ -139,17 +139,28 @@ def _place_packs(layout: Layout, generation: WrittenGeneration, staging: Path,
     out = []
     for pack in generation.index.packs:
         path = layout.blob_path(pack.digest)
-        layout.blob_dir(pack.digest)
-        hex_part = pack.digest.split(":", 1)[1]
         if pack.digest in new:
-            os.replace(staging / hex_part, path)
+            _place_pack(layout, staging, pack)  # (placed already when it was uploaded early)
         elif not path.exists():
             if previous is None or pack.digest not in previous.packs:
                 raise ImageError(f"pack {pack.digest} of the previous generation is gone")
+            layout.blob_dir(pack.digest)
             link_or_copy(previous.packs[pack.digest], path)
-        out.append(Descriptor(mt.PACK, pack.digest, pack.size,
-                              {"mediaType": mt.PACK, "digest": pack.digest, "size": pack.size}))
+        out.append(_pack_layer(pack))
     return out
+
+
+def _place_pack(layout: Layout, staging: Path, pack: PackRecord) -> None:
+    """A new pack from staging into the layout, unless it is there already."""
+    staged = staging / pack.digest.split(":", 1)[1]
+    if staged.exists():
+        layout.blob_dir(pack.digest)
+        os.replace(staged, layout.blob_path(pack.digest))
+
+
+def _pack_layer(pack: PackRecord) -> Descriptor:
+    return Descriptor(mt.PACK, pack.digest, pack.size,
+                      {"mediaType": mt.PACK, "digest": pack.digest, "size": pack.size})
 
 
 def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | None = None,
@@ -190,15 +201,26 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         # CRIU's images: chunks in packs, then the chunk index
         pack_staging = staging / "packs"
         pack_staging.mkdir(mode=0o700)
+        sent: set[str] = set()
+
+        def pack_done(pack: PackRecord) -> None:  # into the layout and up, while more are cut
+            assert on_blob is not None
+            with moving:
+                _place_pack(layout, pack_staging, pack)
+            sent.add(pack.digest)
+            on_blob(layout.blob_path(pack.digest), _pack_layer(pack))
+
         generation = write_generation(
             directory, criu, str(pack_staging), known=previous.known() if previous else None,
-            params=params_of(previous.chunks if previous else None), workers=workers)
+            params=params_of(previous.chunks if previous else None), workers=workers,
+            on_pack=pack_done if on_blob is not None else None)
         if progress:
             progress(generation.stats.total_bytes)
         pack_layers = _place_packs(layout, generation, pack_staging, previous)
-        if on_blob is not None:
+        if on_blob is not None:  # the previous generation's packs this one still uses
             for pack_layer in pack_layers:
-                on_blob(layout.blob_path(pack_layer.digest), pack_layer)
+                if pack_layer.digest not in sent:
+                    on_blob(layout.blob_path(pack_layer.digest), pack_layer)
         index_blob = compress_index(generation.index)
         index_layer = Descriptor(mt.CHUNK_INDEX_ZSTD, sha256_digest(index_blob), len(index_blob))
         layout.write_small(index_layer.digest, index_blob, durable=False)

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -125,8 +125,10 @@ def _whole_digest(view: memoryview) -> str:
 class _Generation:
     """The state of one write_generation call (chunks placed so far, the open pack)."""
 
-    def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], pack_target: int) -> None:
+    def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], pack_target: int,
+                 on_pack: Callable[[PackRecord], None] | None = None) -> None:
         self.pack_dir, self.known, self.pack_target = pack_dir, known, pack_target
+        self.on_pack = on_pack
         self.placed: dict[str, tuple[int, int, int, int]] = {}  # digest -> slot, offset, len, plain
         self.slots: list[PackRecord | None] = []                # None: the pack being written
         self.slot_of: dict[str, int] = {}
@@ -166,6 +168,8 @@ class _Generation:
             self.writer = None
             self.slots[self.writer_slot] = record
             self.new_packs.append(record)
+            if self.on_pack is not None:
+                self.on_pack(record)
 
     def index(self, chunking: Chunking, files: list[tuple[str, int, str, list[str | int]]]
               ) -> ChunkIndex:
@@ -197,14 +201,17 @@ class _Generation:
 def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                      known: Mapping[str, ChunkLocation] | None = None,
                      params: ChunkerParams = DEFAULT_PARAMS, level: int = LEVEL,
-                     pack_target: int = PACK_TARGET, workers: int = 0) -> WrittenGeneration:
+                     pack_target: int = PACK_TARGET, workers: int = 0,
+                     on_pack: Callable[[PackRecord], None] | None = None) -> WrittenGeneration:
     """Chunk the files `names` (relative to `root`) into new packs under `pack_dir`, storing
-    only chunks that are not `known`; returns the generation's index, its new packs, figures."""
+    only chunks that are not `known`; returns the generation's index, its new packs, figures.
+    `on_pack` hears of each new pack as soon as it is whole (<pack_dir>/<hex of its digest>),
+    so that it can be uploaded while the next ones are cut."""
     started = time.monotonic()
     known = known or {}
     workers = workers or os.cpu_count() or 1
     hasher = _Hasher(known, level)
-    gen = _Generation(pack_dir, known, pack_target)
+    gen = _Generation(pack_dir, known, pack_target, on_pack)
     files: list[tuple[str, int, str, list[str | int]]] = []
     total = zero = 0
     try:
