@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
 
-.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry install protos clean
+.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman install protos clean
 
 # Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
 deps:
@@ -54,6 +54,9 @@ bench-image: deps
 
 bench-registry: deps
 	$(PY) -m bench.registry
+
+bench-podman: deps
+	$(PY) -m bench.podman
 
 # System-wide: /opt/torpor venv, fast launchers in $(PREFIX)/bin, the containerd shim launcher.
 install: deps
