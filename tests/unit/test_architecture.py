@@ -5,6 +5,7 @@ a dependency."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
@@ -29,8 +30,9 @@ def area(module: str) -> str:
     return module.split(".")[1] if module.count(".") else "__init__"
 
 
+@functools.cache
 def modules() -> dict[str, set[str]]:
-    """module -> the torpor modules it imports (anywhere in it)."""
+    """module -> the torpor modules it imports (anywhere in it); parsed once per run."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         if "containerd/api" in str(path):

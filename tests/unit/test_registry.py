@@ -195,7 +195,7 @@ class _ChunkedManifest(BaseHTTPRequestHandler):
 
 def test_manifest_limit_applies_while_reading() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ChunkedManifest)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     host = f"127.0.0.1:{server.server_address[1]}"
     try:
         transport = Transport(host, RegistryOptions())
