@@ -1,6 +1,6 @@
 # torpor: make deps | make test | make demo | make bench | make install
 SHELL := /bin/bash
-VENV ?= .venv
+VENV ?= $(or $(TORPOR_VENV),.venv)
 PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local

@@ -355,7 +355,15 @@ install_venv() {
     [ -x "$VENV/bin/python" ] || "$py" -m venv "$VENV"
     log "installing torpor and its tools into $VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-    "$VENV/bin/python" -m pip install -q -e "$TOP[dev]"
+    # setuptools' build warnings (an editable install) would bury the rest: shown on failure
+    local pip_log
+    pip_log=$(mktemp)
+    if ! "$VENV/bin/python" -m pip install -q -e "$TOP[dev]" >"$pip_log" 2>&1; then
+        cat "$pip_log" >&2
+        rm -f "$pip_log"
+        die "pip could not install torpor into $VENV (its output is above)"
+    fi
+    rm -f "$pip_log"
     touch "$stamp"
 }
 
