@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support import ecosystem
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile
 from torpor.image.packs import REPACK_BELOW, WrittenGeneration, known_chunks, write_generation
 from torpor.image.reassemble import packs_in, rebuild
@@ -167,7 +168,7 @@ while True:
 
 
 def criu_pair(base: Path, mib: int) -> None:
-    criu = shutil.which("criu", path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin")
+    criu = ecosystem.which("criu")
     if not criu or os.geteuid() != 0:
         print("criu: skipped (needs root and criu 4.2+)")
         return

@@ -19,7 +19,6 @@ crictl and checkpointctl come from packaging/install-deps.sh (tests/support/ecos
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,8 +41,7 @@ def require_real_components() -> None:
     neither, so the check runs with the first fixture that starts anything."""
     if os.geteuid() != 0:
         pytest.exit("torpor's tests start containerd, runc and CRIU: run them as root", 2)
-    missing = [tool for tool in REQUIRED if not shutil.which(tool, path=os.environ.get("PATH", "")
-                                                             + ":/usr/local/sbin:/usr/sbin")]
+    missing = [tool for tool in REQUIRED if not ecosystem.which(tool)]
     missing += ecosystem.missing()
     if missing:
         pytest.exit(f"missing {', '.join(missing)}: run `make deps` (packaging/install-deps.sh)", 2)

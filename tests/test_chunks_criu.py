@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import pytest
 
 from torpor.image.packs import known_chunks, write_generation
 from torpor.image.reassemble import packs_in, rebuild
+
+from .support import ecosystem
 
 pytestmark = pytest.mark.real
 MIB = 1 << 20
@@ -38,7 +39,7 @@ while True:
 
 
 def criu() -> str:
-    path = shutil.which("criu", path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin")
+    path = ecosystem.which("criu")
     assert path, "criu is missing: run `make deps`"
     return path
 

@@ -11,8 +11,8 @@ set -euo pipefail
 
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=$(realpath -m "${1:-$TOP/build/gpu-bench}")
-CRIU=${CRIU:-$(command -v criu || echo /usr/local/sbin/criu)}
-PYTHON=${PYTHON:-$TOP/.venv/bin/python}
+CRIU=${CRIU:-$(command -v criu || echo "${TORPOR_PREFIX:-/usr/local}/sbin/criu")}
+PYTHON=${PYTHON:-${TORPOR_VENV:-$TOP/.venv}/bin/python}
 
 die() { echo "package.sh: $*" >&2; exit 1; }
 [ -x "$CRIU" ] || die "no CRIU at $CRIU (set CRIU=)"

@@ -24,6 +24,7 @@ import tomlkit
 
 from torpor.runtime_config import containerd as containerd_config
 
+from . import ecosystem
 from .netns import NetNS
 from .processes import kill_pid, pids_with_arg, stop, wait_for
 
@@ -121,7 +122,8 @@ class Node:
             front.append(str(self.root / "runc-bin"))
         if self.containerd_bin is not None:
             front.append(str(self.containerd_bin))
-        env["PATH"] = ":".join([*front, "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
+        env["PATH"] = ":".join([*front, str(ecosystem.SBIN),
+                                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
         env["TORPOR_CONFIG"] = str(self.torpor_config)
         env["CONTAINERD_ADDRESS"] = self.address
         env["CONTAINERD_NAMESPACE"] = self.namespace

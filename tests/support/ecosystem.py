@@ -13,9 +13,13 @@ Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-DEPS = Path(os.environ.get("TORPOR_PREFIX") or "/usr/local") / "lib" / "torpor-deps"
+PREFIX = Path(os.environ.get("TORPOR_PREFIX") or "/usr/local")
+DEPS = PREFIX / "lib" / "torpor-deps"
+# CRIU 4.2: install-deps.sh builds it into $TORPOR_PREFIX/sbin, which root's PATH may lack
+SBIN = PREFIX / "sbin"
 CONTAINERD2_BIN = DEPS / "containerd-2" / "bin"
 TOOLS_BIN = DEPS / "bin"
 
@@ -44,6 +48,16 @@ def tool(name: str) -> Path:
     if name not in TOOLS:
         raise ValueError(f"{name!r} is not one of the tools install-deps.sh builds")
     return TOOLS_BIN / name
+
+
+def search_path() -> str:
+    """PATH, then where install-deps.sh puts CRIU, then the sbin directories root's PATH may lack."""
+    return ":".join([os.environ.get("PATH", ""), str(SBIN), "/usr/local/sbin", "/usr/sbin"])
+
+
+def which(name: str) -> str | None:
+    """A system tool (criu, runc, ...) as the tests and the nodes find it."""
+    return shutil.which(name, path=search_path())
 
 
 def missing() -> list[str]:
