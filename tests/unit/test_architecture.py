@@ -17,6 +17,8 @@ CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "ru
 ALLOWED = {
     **{name: GROUND for name in GROUND},
     **{name: GROUND | CAPABILITIES for name in CAPABILITIES},
+    # the self-contained capabilities (docs/architecture.md): only the ground floor below them
+    **{name: GROUND for name in ("registry", "capture", "runtime_config")},
     "ops": GROUND | CAPABILITIES,
     "cli": GROUND | CAPABILITIES | {"ops"},
     "shim": GROUND | {"capture", "gpu"},

@@ -416,10 +416,10 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                     keys: Sequence[DecryptionKey] = (), work: str | None = None,
                     expected: dict[str, int] | None = None) -> None:
     """CRIU's image files from the chunk index and its packs, into `target` (reassemble.py:
-    limits first, every chunk and file digest-checked). Every pack the index names must be a
-    layer of the state manifest (so a registry holds it beside the image), and every file one
-    of CRIU's that the metadata lists (`expected`), with the size it says. Encrypted index and
-    packs are decrypted into `work` first, each checked, and removed after."""
+    limits first, every chunk digest-checked, every file's length checked). Every pack the
+    index names must be a layer of the state manifest (so a registry holds it beside the
+    image), and every file one of CRIU's that the metadata lists (`expected`), with the size
+    it says. Encrypted index and packs are decrypted into `work` first, each checked, and removed after."""
     layer = index_layer(image)
     if layer is None:
         return

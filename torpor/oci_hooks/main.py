@@ -1,11 +1,12 @@
-"""torpor-hook: the OCI hook torpor-runc writes into every spec.
+"""torpor-hook: the OCI hook torpor-runc writes into a restored container's spec.
 
     torpor-hook [--state-dir DIR] HOOK_NAME      (the OCI state arrives on stdin)
 
 createRuntime, during a restore, sets up the new network namespace from the plan torpor-runc left
 for it (runc runs createRuntime hooks at CRIU's setup-namespaces step, before sockets are bound
-again); at any other create it has nothing to do. poststop removes the container's record
-directory. Other hook names warn and succeed: specs travel to nodes with other torpor versions.
+again); at any other create (a spec carried over from an older torpor) it has nothing to do.
+poststop removes the container's record directory. Other hook names warn and succeed: specs
+travel to nodes with other torpor versions.
 """
 
 from __future__ import annotations
