@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import Nodes, run_torpor
+from .support.containerd import Node
+from .support.workload import COUNTER, containers, task_status, wait_counter_above
+
 pytestmark = pytest.mark.real
 STAMP = re.compile(rb'time="[^"]*"|"time":"[^"]*"')
 
@@ -53,3 +57,38 @@ def test_runcs_error_for_a_missing_container_is_verbatim(torpor_bin: Path,
         assert b"container does not exist" in seen["runc"][2]
     logged = (tmp_path / "torpor-runc.log").read_text().splitlines()
     assert json.loads(logged[-1])["msg"] == "container does not exist"
+
+
+def test_runcs_own_error_reaches_the_user_when_criu_is_missing(
+        nodes: Nodes, node: Node, torpor_bin: Path, tmp_path: Path,
+        test_image: dict[str, object]) -> None:
+    """runc's fatal error (here: no CRIU on the shim's PATH) is the reason torpor gives, not a
+    bare 'runc checkpoint failed (exit 1)': containerd shows torpor's line, which would hide it.
+    The workload runs on; a restore there is refused, naming CRIU, and leaves nothing."""
+    path = ":".join([str(node.bin_dir), "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
+    if shutil.which("criu", path=path):
+        pytest.skip("CRIU is installed in /usr/sbin or /usr/bin here: it cannot be hidden")
+    bare = nodes.start("no-criu", extra_env={"PATH": path})
+    with containers(bare) as names:
+        names.append("kept")
+        bare.ctr("run", "-d", "--runtime", "io.containerd.torpor.v2", str(test_image["name"]),
+                 "kept", "sh", "-c", COUNTER)
+        before = wait_counter_above(bare, "kept", 3)
+        failed = run_torpor(bare, "checkpoint", "kept", "-o", str(tmp_path / "none"), check=False)
+        assert failed.returncode != 0
+        assert 'exec: "criu": executable file not found in $PATH' in failed.stderr, failed.stderr
+        assert task_status(bare, "kept") == "RUNNING"
+        wait_counter_above(bare, "kept", before + 3)
+
+    with containers(node) as names:  # a checkpoint made where CRIU is, restored where it is not
+        names.append("moved")
+        node.ctr("run", "-d", "--runtime", "io.containerd.torpor.v2", str(test_image["name"]),
+                 "moved", "sh", "-c", COUNTER)
+        wait_counter_above(node, "moved", 3)
+        run_torpor(node, "checkpoint", "moved", "-o", str(tmp_path / "ck"), "--leave-running")
+    refused = run_torpor(bare, "restore", str(tmp_path / "ck"), "--name", "moved-b", check=False)
+    assert refused.returncode != 0
+    # refused before containerd is touched: the node check finds no CRIU to run
+    assert "criu: this node has none that runs (no criu on PATH?), the checkpoint needs" \
+        in refused.stderr, refused.stderr
+    assert "moved-b" not in bare.ctr("containers", "ls", "-q").stdout.split()

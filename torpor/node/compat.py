@@ -40,7 +40,8 @@ def mismatches(recorded: NodeFacts, here: NodeFacts) -> list[str]:
     for tool, have in (("criu", here.criu_version), ("runc", here.runc_version)):
         need = getattr(recorded, f"{tool}_version")
         if need and need != "unknown" and (have == "unknown" or _older(have, need, 3)):
-            found.append(f"{tool}: this node has {have}, the checkpoint needs {need} or newer")
+            has = f"has {have}" if have != "unknown" else f"has none that runs (no {tool} on PATH?)"
+            found.append(f"{tool}: this node {has}, the checkpoint needs {need} or newer")
     if recorded.cgroup_version and recorded.cgroup_version != here.cgroup_version:
         found.append(f"cgroups: the checkpoint is from cgroup v{recorded.cgroup_version}, this "
                      f"node runs v{here.cgroup_version}")

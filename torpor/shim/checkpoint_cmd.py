@@ -34,7 +34,7 @@ import contextlib
 import os
 import subprocess
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torpor
@@ -138,7 +138,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                       thaw=not cgroup.is_frozen())
         if criu.leave_running and not cgroup.is_frozen():
             # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
-            code, output, errors, we_froze, saved = _dump_leaving_running(
+            ran, we_froze, saved = _dump_leaving_running(
                 ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings)
         else:
             with frozen(cgroup, ctx.log) as we_froze:
@@ -153,15 +153,15 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                         started, we_froze, seal).dumps().decode())
                     env = post_dump.install(journal)
                 t = time.monotonic()
-                code, output, errors = run_runc(ctx, argv, guardian, env)
+                ran = run_runc(ctx, argv, guardian, env)
                 timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
         state = _state(container_id, pid, criu, policy, network, saved, tree, gpu, timings,
                        started, we_froze, seal)
-        if code != 0:
-            raise _runc_failed(inv, journal, two_phase, code, output + errors)
-        os.write(1, output)
-        os.write(2, errors)
+        if ran.code != 0:
+            raise _runc_failed(inv, journal, two_phase, ran)
+        os.write(1, ran.output)
+        os.write(2, ran.errors)
 
         # 7. torpor-state.json, last: its presence means torpor-runc finished
         if not two_phase:
@@ -190,7 +190,7 @@ def _state(container_id: str, pid: int, criu: CriuOptions, policy: FilePolicy,
 def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgroup: Cgroup,
                           journal: Journal | None, pid: int, config: OciSpec,
                           policy: FilePolicy, image_path: str, timings: dict[str, float],
-                          ) -> tuple[int, bytes, bytes, bool, SavedFiles]:
+                          ) -> tuple[RuncRun, bool, SavedFiles]:
     """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
@@ -200,10 +200,10 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     saved = SavedFiles()
     try:
         t = time.monotonic()
-        code, output, errors = run_runc(ctx, argv, guardian, hook.env())
+        ran = run_runc(ctx, argv, guardian, hook.env())
         timings["runc_checkpoint_s"] = time.monotonic() - t
         we_froze = hook.froze()
-        if code == 0:
+        if ran.code == 0:
             interrupt.hold(ctx, "frozen")
             t = time.monotonic()
             saved = files.save(pid, config, policy, image_path, ctx.log)
@@ -215,12 +215,14 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
             except OSError as e:
                 ctx.log.warning(f"could not thaw {cgroup.path}: {e}")
         hook.remove()
-    return code, output, errors, we_froze, saved
+    return ran, we_froze, saved
 
 
-def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool, code: int,
-                 output: bytes) -> CriuError:
-    """The error for a failed `runc checkpoint`: torpor's reason, then runc's words verbatim."""
+def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool,
+                 ran: RuncRun) -> CriuError:
+    """The error for a failed `runc checkpoint`: torpor's reason, then runc's words verbatim:
+    CRIU's first errors from its log, else runc's own fatal error (a missing CRIU, a refused
+    flag), which torpor's line would otherwise hide from containerd."""
     if journal is not None and two_phase and journal.marked(journals.DUMPED):
         decision = journal.decision()
         why = decision.reason if decision and decision.reason else \
@@ -229,12 +231,13 @@ def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool, code
                           "CRIU let the container run on")
     else:
         reason, log_path = criu_log.summary(inv.flag("work-path"), "dump.log")
+        reason = reason or (ran.said[-1] if ran.said else "")
         if journal is not None:  # the journal goes; containerd's shim keeps a copy (path=)
             log_path = None
-        error = CriuError(f"runc checkpoint failed (exit {code})"
+        error = CriuError(f"runc checkpoint failed (exit {ran.code})"
                           + (f": {reason}" if reason else ""), log_path=log_path,
                           hint=f"CRIU's log: {log_path}" if log_path else None)
-    error.runtime_output = output
+    error.runtime_output = ran.output + ran.errors
     return error
 
 
@@ -256,11 +259,23 @@ def seal_of(ctx: Context, config: OciSpec) -> str:
     return restore_policy.seal(restore_policy.node_key(ctx.cfg), SpecRequests.of(config))
 
 
+@dataclass(frozen=True)
+class RuncRun:
+    """How `runc checkpoint` ended: its status, stdout, stderr and, when it failed, the error
+    messages it wrote to the caller's --log."""
+
+    code: int
+    output: bytes
+    errors: bytes
+    said: tuple[str, ...] = ()
+
+
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
-             env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
-    """`runc checkpoint` with the caller's argv: its exit status, stdout and stderr. An
-    interrupt waits for it (CRIU must finish). The output is held back: on failure, torpor's
-    reason goes first, because containerd shows the first line."""
+             env: dict[str, str] | None = None) -> RuncRun:
+    """`runc checkpoint` with the caller's argv. An interrupt waits for it (CRIU must finish).
+    The output is held back: on failure, torpor's reason goes first, because containerd shows
+    the first line."""
+    since = ctx.log.mark()
     proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     guardian.tell(runc_pid=proc.pid)
@@ -274,7 +289,8 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
             interrupted = True
     if interrupted:
         raise interrupt.Interrupted("interrupted during runc checkpoint")
-    return proc.returncode, output, errors
+    said = tuple(ctx.log.runc_errors(since)) if proc.returncode != 0 else ()
+    return RuncRun(proc.returncode, output, errors, said)
 
 
 def rollback(ctx: Context, pending: Pending, journal: Journal | None) -> None:

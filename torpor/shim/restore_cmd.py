@@ -158,9 +158,12 @@ def run(ctx: Context) -> int:
             spec.flush(bundle, config)
         # 3. + 7. runc restore with the flags containerd dropped
         extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
+        since = ctx.log.mark()
         code = runc.run(ctx.runtime, inv.with_flags(extra))
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "restore.log")
+            said = ctx.log.runc_errors(since)  # runc's own fatal error, when CRIU said nothing
+            reason = reason or (said[-1] if said else "")
             raise RestoreError(f"runc restore failed (exit {code})"
                                + (f": {reason}" if reason else ""),
                                hint=f"CRIU's log: {log_path}" if log_path else None)

@@ -46,6 +46,42 @@ def format_line(level: str, msg: str, log_format: str) -> str:
     return f'time="{stamp}" level={level} msg="{_escape(msg)}"\n'
 
 
+def parse_line(line: str) -> tuple[str, str]:
+    """(level, msg) of one line in runc's json or text log format; ("", "") if neither."""
+    line = line.strip()
+    if line.startswith("{"):
+        import json
+
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return "", ""
+        if not isinstance(record, dict):
+            return "", ""
+        return str(record.get("level", "")), str(record.get("msg", ""))
+    fields: dict[str, str] = {}
+    rest = line
+    while rest:
+        key, eq, rest = rest.partition("=")
+        if not eq:
+            break
+        if rest.startswith('"'):  # a quoted value, with \" and \\ escapes
+            i, value = 1, []
+            while i < len(rest) and rest[i] != '"':
+                if rest[i] == "\\" and i + 1 < len(rest):
+                    i += 1
+                    value.append({"n": "\n", "t": "\t"}.get(rest[i], rest[i]))
+                else:
+                    value.append(rest[i])
+                i += 1
+            fields[key.strip()] = "".join(value)
+            rest = rest[i + 1:].lstrip()
+        else:
+            value_text, _, rest = rest.partition(" ")
+            fields[key.strip()] = value_text
+    return fields.get("level", ""), fields.get("msg", "")
+
+
 class RuncLog:
     """Appends lines to runc's --log file (or stderr); never raises."""
 
@@ -82,3 +118,28 @@ class RuncLog:
 
     def error(self, msg: str) -> None:
         self.write("error", msg)
+
+    def mark(self) -> int:
+        """Where the log ends now: what runc writes from here on is this call's."""
+        try:
+            return os.stat(self.path).st_size if self.path else 0
+        except OSError:
+            return 0
+
+    def runc_errors(self, since: int) -> list[str]:
+        """runc's own error messages written to the log after `since` (not torpor's), in
+        order: runc's fatal error, the one containerd would have shown, is the last."""
+        if not self.path:
+            return []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(since)
+                text = f.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return []
+        found = []
+        for line in text.splitlines():
+            level, msg = parse_line(line)
+            if level == "error" and msg and not msg.startswith("torpor:"):
+                found.append(msg)
+        return found
