@@ -85,12 +85,27 @@ def test_five_generations_with_torpor(node: Node, containerd_version: str,
                 last = wait_counter_above(node, name, counter + 2)
             assert client.ask("GET chain") == "started"
             client.close()
+            # each generation's read-write layer is merged into one: the image does not grow
+            # a layer per generation (overlayfs stacks 500 at most)
+            assert runnable_layers(node, refs[-1]) == runnable_layers(node, refs[0])
     finally:
         ip("link", "delete", host_if, check=False)
         netns.delete()
         for ref in refs:
             run_torpor(node, "rm", ref, check=False)
             node.ctr("images", "rm", ref, check=False)
+
+
+def runnable_layers(node: Node, ref: str) -> int:
+    """How many layers the runnable image of a checkpoint restored here has, in containerd."""
+    listed = next(line.split() for line in node.ctr("images", "ls").stdout.splitlines()[1:]
+                  if line.split()[0] == ref)
+    document = json.loads(node.ctr("content", "get", listed[2]).stdout)
+    if "manifests" in document:  # the checkpoint's index: its runnable manifest
+        runnable = next(m for m in document["manifests"]
+                        if m.get("annotations", {}).get("io.torpor.checkpoint.role") != "state")
+        document = json.loads(node.ctr("content", "get", runnable["digest"]).stdout)
+    return len(document["layers"])
 
 
 HELD_CONNECTION = ("kvserver 7000 & sleep 0.3; "

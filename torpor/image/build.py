@@ -19,12 +19,13 @@ from containerd's content store, digest-checked.
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,10 @@ from torpor.formats import mediatypes as mt
 from torpor.formats import names
 from torpor.formats.chunk_index import ChunkIndex, PackRecord
 from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
-from torpor.formats.oci import Descriptor
+from torpor.formats.metadata import CheckpointMetadata
+from torpor.formats.oci import Descriptor, OciDocument
 from torpor.image import directory as checkpoint_dir
-from torpor.image import documents
+from torpor.image import documents, rw_merge
 from torpor.image import layers as layer_io
 from torpor.image.generations import Previous, link_or_copy, params_of
 from torpor.image.packs import GenerationStats, WrittenGeneration, write_generation
@@ -101,6 +103,11 @@ def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) 
     if layout.holds_intact(Descriptor(desc["mediaType"], digest, size)):
         return
     layout.blob_dir(digest)
+    _fetch(client, digest, size, path)
+
+
+def _fetch(client: Client, digest: str, size: int, path: Path) -> None:
+    """A blob of containerd's content store into `path`, digest-checked."""
     partial = path.with_name(path.name + ".partial")
     hasher = new_hasher(digest)
     written = 0
@@ -122,6 +129,52 @@ def _copy_from_containerd(client: Client, layout: Layout, desc: dict[str, Any]) 
 
 
 BlobSink = Callable[[Path, Descriptor], None]
+
+
+def _merged_rw_layer(client: Client, previous: Previous | None, older: dict[str, Any],
+                     newer: str, staging: Path) -> str:
+    """The older read-write layer (the last of the image the container was restored from) and
+    this checkpoint's, as one uncompressed tar in `staging` (rw_merge.py says why)."""
+    digest, size = str(older["digest"]), int(older["size"])
+    held = previous.held.get(digest) if previous else None
+    blob = staging / "older-rw.blob"
+    if held is not None and held.stat().st_size == size:
+        link_or_copy(held, blob)
+    else:
+        _fetch(client, digest, size, blob)
+    media_type = str(older.get("mediaType", ""))
+    older_tar, merged = staging / "older-rw.tar", staging / "rootfs-merged.tar"
+    with open(blob, "rb") as src, open(older_tar, "wb") as out:
+        if media_type.endswith("+zstd"):
+            zstandard.ZstdDecompressor().copy_stream(src, out)
+        elif media_type.endswith("+gzip") or media_type.endswith(".gzip"):
+            with gzip.open(src) as unzipped:
+                shutil.copyfileobj(unzipped, out, 1 << 20)
+        else:
+            shutil.copyfileobj(src, out, 1 << 20)
+    blob.unlink()
+    with open(older_tar, "rb") as a, open(newer, "rb") as b, open(merged, "wb") as out:
+        rw_merge.merge(a, b, out)
+    older_tar.unlink()
+    return str(merged)
+
+
+def _on_base(metadata: CheckpointMetadata, base_name: str, layers: list[dict[str, Any]],
+             config: OciDocument, merged: str) -> CheckpointMetadata:
+    """The metadata an image with a merged read-write layer carries: its base is the image
+    under that layer (what restore checks the runnable layers against), and the read-write
+    layer's size the merged one's (what its extraction is held to)."""
+    assert metadata.image is not None
+    diff_ids = tuple(str(d) for d in config["rootfs"]["diff_ids"])
+    image = replace(metadata.image, name=base_name,
+                    layers=tuple(Descriptor.from_json(layer, f"base layer {i}")
+                                 for i, layer in enumerate(layers)),
+                    diff_ids=diff_ids,
+                    chain_id=containerd_image.chain_ids(list(diff_ids))[-1] if diff_ids else "")
+    size = os.path.getsize(merged)
+    files = tuple(replace(f, size=size) if f.path == names.ROOTFS_DIFF else f
+                  for f in metadata.files)
+    return replace(metadata, image=image, files=files)
 
 
 def compress_index(index: ChunkIndex) -> bytes:
@@ -242,18 +295,30 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         for (kind, _), layer in zip(jobs, written, strict=True):
             state_layers.append(_adopt(layout, layer, kind, {}))
 
-        diff = os.path.join(directory, names.ROOTFS_DIFF)
+        # the read-write layer: one layer over the base image's, however many generations
+        base_manifest = containerd_image.read_json(client, base.manifest.digest)
+        base_config = containerd_image.read_json(client, base.config_digest)
+        base_layers = list(base_manifest.get("layers", []))
+        base_name, base_digest = base.name, base.manifest.digest
+        diff: str | None = os.path.join(directory, names.ROOTFS_DIFF)
+        if diff is not None and not os.path.exists(diff):
+            diff = None
+        if diff is not None and documents.ends_with_rw_layer(base_manifest, base_config):
+            diff = _merged_rw_layer(client, previous, base_layers.pop(), diff, staging)
+            base_config = documents.without_rw_layer(base_config)
+            notes = base_manifest.get("annotations") or {}
+            base_name = str(notes.get(ann.BASE_NAME, base_name))
+            base_digest = str(notes.get(ann.BASE_DIGEST, base_digest))
+            metadata = _on_base(metadata, base_name, base_layers, base_config, diff)
         diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
-                                             progress) if os.path.exists(diff) else None)
+                                             progress) if diff is not None else None)
         if diff_layer is not None:
             early(diff_layer, mt.OCI_LAYER_ZSTD)
 
         container_id = metadata.container.id
         config_desc = _json_blob(layout, metadata.to_json(), mt.CHECKPOINT_CONFIG)
         created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        base_manifest = containerd_image.read_json(client, base.manifest.digest)
-        base_config = containerd_image.read_json(client, base.config_digest)
-        for layer in base_manifest.get("layers", []):  # from the previous generation, if it has them
+        for layer in base_layers:  # from the previous generation, if it has them
             reused = previous.held.get(str(layer.get("digest"))) if previous else None
             if reused is not None and reused.stat().st_size == layer.get("size"):
                 target = layout.blob_path(str(layer["digest"]))
@@ -262,7 +327,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
                     link_or_copy(reused, target)
                 continue
             _copy_from_containerd(client, layout, layer)
-        run_layers = list(base_manifest.get("layers", []))
+        run_layers = list(base_layers)
         if diff_layer is not None:
             run_layers.append(_adopt(layout, diff_layer, mt.OCI_LAYER_ZSTD, {}).to_json())
         run_config = documents.runnable_config(
@@ -270,7 +335,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         run_config_desc = _json_blob(layout, run_config, mt.OCI_CONFIG)
 
         # what this generation adds to the previous one
-        base_digests = {str(layer.get("digest")) for layer in base_manifest.get("layers", [])}
+        base_digests = {str(layer.get("digest")) for layer in base_layers}
         ours_now = [*state_layers, config_desc, run_config_desc]
         if diff_layer is not None:
             ours_now.append(Descriptor(mt.OCI_LAYER_ZSTD, diff_layer.digest, diff_layer.size))
@@ -286,9 +351,9 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             {**generation_notes, **(annotations or {})}), mt.OCI_MANIFEST,
             documents.state_entry())
         runnable_desc = _json_blob(layout, documents.runnable_manifest(
-            run_config_desc, run_layers, created_at, base.name, base.manifest.digest,
+            run_config_desc, run_layers, created_at, base_name, base_digest,
             container_id), mt.OCI_MANIFEST, documents.runnable_entry(run_config))
-        index = documents.index(runnable_desc, state_desc, created_at, container_id, base.name)
+        index = documents.index(runnable_desc, state_desc, created_at, container_id, base_name)
         index_desc = _json_blob(layout, index, mt.OCI_INDEX)
         layout.tag(index_desc, ref_name)
     except BaseException:

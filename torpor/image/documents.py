@@ -37,6 +37,9 @@ def state_entry() -> dict[str, Any]:
             "annotations": {ann.ROLE: ann.ROLE_STATE}}
 
 
+RW_LAYER_COMMENT = "the container's read-write layer at checkpoint time"
+
+
 def runnable_config(base_config: OciDocument, diff_id: str | None, created: str,
                     container_id: str) -> OciDocument:
     """The base image's config, plus the read-write layer's diff ID and a history entry."""
@@ -46,8 +49,32 @@ def runnable_config(base_config: OciDocument, diff_id: str | None, created: str,
         config["rootfs"]["diff_ids"].append(diff_id)
         config.setdefault("history", []).append({
             "created": created, "created_by": f"torpor checkpoint {container_id}",
-            "comment": "the container's read-write layer at checkpoint time"})
+            "comment": RW_LAYER_COMMENT})
     return config
+
+
+def ends_with_rw_layer(manifest: OciDocument, config: OciDocument) -> bool:
+    """Whether this image is a checkpoint's runnable image whose last layer is the read-write
+    layer torpor added (a container restored from it is checkpointed again)."""
+    annotations = manifest.get("annotations")
+    history = config.get("history")
+    layers = manifest.get("layers")
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"),
+                                                                         dict) else None
+    return (isinstance(annotations, dict) and ann.CONTAINER in annotations
+            and isinstance(history, list) and bool(history) and isinstance(history[-1], dict)
+            and history[-1].get("comment") == RW_LAYER_COMMENT
+            and isinstance(layers, list) and bool(layers)
+            and isinstance(diff_ids, list) and len(diff_ids) == len(layers))
+
+
+def without_rw_layer(config: OciDocument) -> OciDocument:
+    """A runnable image's config as its base image had it: the last diff ID and history entry,
+    torpor's read-write layer's, taken off."""
+    base: OciDocument = json.loads(json.dumps(config))
+    base["rootfs"]["diff_ids"].pop()
+    base["history"].pop()
+    return base
 
 
 def runnable_manifest(config: Descriptor, layers: list[dict[str, Any]], created: str,
