@@ -159,14 +159,16 @@ def _merged_rw_layer(client: Client, previous: Previous | None, older: dict[str,
     return str(merged)
 
 
-def _on_base(metadata: CheckpointMetadata, base_name: str, layers: list[dict[str, Any]],
-             config: OciDocument, merged: str) -> CheckpointMetadata:
-    """The metadata an image with a merged read-write layer carries: its base is the image
+def _on_base(metadata: CheckpointMetadata, layers: list[dict[str, Any]], config: OciDocument,
+             merged: str) -> CheckpointMetadata:
+    """The metadata an image with a merged read-write layer carries: its base layers are those
     under that layer (what restore checks the runnable layers against), and the read-write
-    layer's size the merged one's (what its extraction is held to)."""
+    layer's size the merged one's (what its extraction is held to). The image it names stays
+    the one the container ran on (kubelet's archive names it to be pulled again: the merged
+    layer applies over it alike, since it already holds the older layer's changes)."""
     assert metadata.image is not None
     diff_ids = tuple(str(d) for d in config["rootfs"]["diff_ids"])
-    image = replace(metadata.image, name=base_name,
+    image = replace(metadata.image,
                     layers=tuple(Descriptor.from_json(layer, f"base layer {i}")
                                  for i, layer in enumerate(layers)),
                     diff_ids=diff_ids,
@@ -309,7 +311,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             notes = base_manifest.get("annotations") or {}
             base_name = str(notes.get(ann.BASE_NAME, base_name))
             base_digest = str(notes.get(ann.BASE_DIGEST, base_digest))
-            metadata = _on_base(metadata, base_name, base_layers, base_config, diff)
+            metadata = _on_base(metadata, base_layers, base_config, diff)
         diff_layer = (layer_io.compress_file(diff, str(staging / "rootfs.tar.zst"), level,
                                              progress) if diff is not None else None)
         if diff_layer is not None:
