@@ -1,10 +1,9 @@
 """Soak: many checkpoint/restore cycles of one workload, and what they leave behind.
 
-Each cycle starts a counter container, checkpoints it (stopping it) and restores it under a
-new name, then removes both: odd cycles through a checkpoint directory (removed after the
-restore), even ones through one image in the local store, replaced each time. (Each cycle
-starts afresh because a container that torpor restored cannot be checkpointed again yet: CRIU
-cannot place its stdin, /dev/null from the shim; main has the same limit.) After two warm-up
+One workload lives through every cycle, as a chain of generations: each cycle checkpoints
+the container that the previous cycle restored (stopping it) and restores it under a new name,
+then removes the stopped one; odd cycles go through a checkpoint directory (removed after the
+restore), even ones through one image in the local store, replaced each time. After two warm-up
 cycles the leftovers are counted, and again at the end:
 
   fds          open file descriptors of containerd, and of the workload's shim; shims
@@ -12,8 +11,8 @@ cycles the leftovers are counted, and again at the end:
   netns        network namespaces held by containerd, its shims and their containers
   containerd   leases, content blobs, snapshots, images
   torpor       journals, container locks, record directories, scratch directories
-  disk         bytes under containerd's root, torpor's state dir and image store, and
-               containerd's extracted checkpoints (XDG_RUNTIME_DIR)
+  disk         bytes under containerd's root, torpor's state dir, torpor's image store, and
+               containerd's extracted checkpoints (XDG_RUNTIME_DIR), each apart
 
 The goal is no growth at all. The counter must come back every cycle: a workload lost is a
 failure, whatever the leaks.
@@ -136,7 +135,10 @@ def snapshot(w: World, node: Node, name: str, state_dir: Path, store: Path) -> d
         "torpor locks": len(list((checkpoints / "locks").glob("*"))),
         "torpor records": len(list((state_dir / "containers").glob("*/*"))),
         "torpor scratch": len(list((store / "scratch").glob("*"))),
-        "disk bytes": disk(node.root / "root", state_dir, store, node.root / "xdg"),
+        "disk: containerd root": disk(node.root / "root"),
+        "disk: torpor state": disk(state_dir),
+        "disk: torpor store": disk(store),
+        "disk: extracted ckpts": disk(node.root / "xdg"),
     }
 
 
@@ -152,31 +154,34 @@ def main() -> int:
         baseline: dict[str, int] = {}
         started = time.monotonic()
         lost = 0
+        current = "soak-0"
+        node.ctr("run", "-d", "--runtime", "io.containerd.torpor.v2", IMAGE, current, "sh",
+                 "-c", COUNTER)
+        wait_counter_above(node, current, 3, timeout=30)
         for cycle in range(1, args.cycles + 1):
-            name, new = f"soak-{cycle}", f"soak-{cycle}-b"
-            node.ctr("run", "-d", "--runtime", "io.containerd.torpor.v2", IMAGE, name, "sh",
-                     "-c", COUNTER)
-            before = wait_counter_above(node, name, 3, timeout=30)
+            new = f"soak-{cycle}"
+            before = read_counter(node, current)
             if cycle % 2:
                 ck = w.base / "soak-ck"
-                torpor(w, node, "checkpoint", name, "-o", str(ck))
+                torpor(w, node, "checkpoint", current, "-o", str(ck))
                 torpor(w, node, "restore", str(ck), "--name", new)
                 shutil.rmtree(ck)
             else:
-                torpor(w, node, "checkpoint", name, "-t", REF)
+                torpor(w, node, "checkpoint", current, "-t", REF)
                 torpor(w, node, "restore", REF, "--name", new)
             if read_counter(node, new) < before:
                 lost += 1
             wait_counter_above(node, new, read_counter(node, new))
+            node.ctr("tasks", "delete", "--force", current)
+            node.ctr("containers", "delete", current)
+            current = new
             if cycle == 2:
-                baseline = snapshot(w, node, new, state_dir, store)
+                baseline = snapshot(w, node, current, state_dir, store)
             if cycle == args.cycles:
-                final = snapshot(w, node, new, state_dir, store)
-            for gone in (name, new):
-                node.ctr("tasks", "delete", "--force", gone)
-                node.ctr("containers", "delete", gone)
+                final = snapshot(w, node, current, state_dir, store)
             if cycle % 10 == 0:
-                print(f"cycle {cycle:4d}  {time.monotonic() - started:6.0f}s", flush=True)
+                print(f"cycle {cycle:4d}  {time.monotonic() - started:6.0f}s  counter "
+                      f"{read_counter(node, current)}", flush=True)
         print(f"\n{args.cycles} cycles in {time.monotonic() - started:.0f}s; workloads lost: "
               f"{lost}")
         print(f"{'':24s} {'after cycle 2':>14s} {'at the end':>14s} {'leaked':>10s}")
