@@ -52,6 +52,14 @@ def install(journal: Journal) -> dict[str, str]:
         f.write(SCRIPT.format(id=journal.id, python=shlex.quote(sys.executable),
                               code=shlex.quote(code), journal=shlex.quote(journal.path)))
     os.chmod(script, 0o700)
+    write_action_config(journal.file(CONFIG), script)
+    return {**os.environ, "CRIU_CONFIG_FILE": journal.file(CONFIG),
+            RUNC_STARTED: repr(time.time())}
+
+
+def write_action_config(path: str, script: str) -> None:
+    """A CRIU configuration file at `path`: the caller's CRIU_CONFIG_FILE, if any, then
+    `action-script SCRIPT` (CRIU runs the script at each of its action points)."""
     inherited = ""
     if os.environ.get("CRIU_CONFIG_FILE"):
         try:
@@ -59,10 +67,8 @@ def install(journal: Journal) -> dict[str, str]:
                 inherited = f.read().rstrip("\n") + "\n"
         except OSError:
             inherited = ""
-    with open(journal.file(CONFIG), "w") as f:
+    with open(path, "w") as f:
         f.write(f"{inherited}action-script {script}\n")
-    return {**os.environ, "CRIU_CONFIG_FILE": journal.file(CONFIG),
-            RUNC_STARTED: repr(time.time())}
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 
 from torpor.capture.freezer import Cgroup
+from torpor.shim.post_dump import write_action_config
 
 HOOK = "pre-dump"
 CONFIG = "criu-pre-dump.conf"
@@ -77,16 +78,8 @@ class PreDumpHook:
         with open(script, "w") as f:
             f.write(HEADER.format(mark=mark) + body.format(cg=cg) + FOOTER.format(thaw=thaw))
         os.chmod(script, 0o700)
-        inherited = ""
-        if os.environ.get("CRIU_CONFIG_FILE"):
-            try:
-                with open(os.environ["CRIU_CONFIG_FILE"]) as f:
-                    inherited = f.read().rstrip("\n") + "\n"
-            except OSError:
-                inherited = ""
         self.config = os.path.join(directory, CONFIG)
-        with open(self.config, "w") as f:
-            f.write(f"{inherited}action-script {script}\n")
+        write_action_config(self.config, script)
 
     @classmethod
     def install(cls, cgroup: Cgroup, directory: str | None, state_dir: str) -> PreDumpHook:
