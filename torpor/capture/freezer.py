@@ -100,11 +100,17 @@ def frozen(cgroup: Cgroup, log: Log) -> Iterator[bool]:
     try:
         yield True
     finally:
-        if os.path.isdir(cgroup.path):
-            try:
-                cgroup.thaw()
-            except OSError as e:
-                log.warning(f"could not thaw {cgroup.path}: {e}")
+        thaw_unless_gone(cgroup, log)
+
+
+def thaw_unless_gone(cgroup: Cgroup, log: Log) -> None:
+    """Thaw what torpor froze, unless the cgroup is gone (a checkpoint stopped it); a thaw that
+    fails is logged, not raised (it runs on the way out of a failure too)."""
+    if os.path.isdir(cgroup.path):
+        try:
+            cgroup.thaw()
+        except OSError as e:
+            log.warning(f"could not thaw {cgroup.path}: {e}")
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torpor
 from torpor.capture import files, netns, pod, processes
 from torpor.capture import journal as journals
-from torpor.capture.freezer import Cgroup, frozen
+from torpor.capture.freezer import Cgroup, frozen, thaw_unless_gone
 from torpor.capture.journal import ContainerLock, Journal
 from torpor.errors import CheckpointError, CriuError
 from torpor.formats import names
@@ -209,11 +209,8 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
             saved = files.save(pid, config, policy, image_path, ctx.log)
             timings["files_s"] = time.monotonic() - t
     finally:
-        if hook.froze() and os.path.isdir(cgroup.path):
-            try:
-                cgroup.thaw()
-            except OSError as e:
-                ctx.log.warning(f"could not thaw {cgroup.path}: {e}")
+        if hook.froze():
+            thaw_unless_gone(cgroup, ctx.log)
         hook.remove()
     return ran, we_froze, saved
 
