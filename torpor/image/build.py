@@ -19,7 +19,6 @@ from containerd's content store, digest-checked.
 
 from __future__ import annotations
 
-import gzip
 import os
 import shutil
 import threading
@@ -42,7 +41,7 @@ from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.oci import Descriptor, OciDocument
 from torpor.image import directory as checkpoint_dir
-from torpor.image import documents, rw_merge
+from torpor.image import documents, kube_archive, rw_merge
 from torpor.image import layers as layer_io
 from torpor.image.generations import Previous, link_or_copy, params_of
 from torpor.image.packs import GenerationStats, WrittenGeneration, write_generation
@@ -142,16 +141,8 @@ def _merged_rw_layer(client: Client, previous: Previous | None, older: dict[str,
         link_or_copy(held, blob)
     else:
         _fetch(client, digest, size, blob)
-    media_type = str(older.get("mediaType", ""))
     older_tar, merged = staging / "older-rw.tar", staging / "rootfs-merged.tar"
-    with open(blob, "rb") as src, open(older_tar, "wb") as out:
-        if media_type.endswith("+zstd"):
-            zstandard.ZstdDecompressor().copy_stream(src, out)
-        elif media_type.endswith("+gzip") or media_type.endswith(".gzip"):
-            with gzip.open(src) as unzipped:
-                shutil.copyfileobj(unzipped, out, 1 << 20)
-        else:
-            shutil.copyfileobj(src, out, 1 << 20)
+    kube_archive.decompress_layer(str(blob), str(older_tar))  # gzip, zstd or plain
     blob.unlink()
     with open(older_tar, "rb") as a, open(newer, "rb") as b, open(merged, "wb") as out:
         rw_merge.merge(a, b, out)
@@ -302,9 +293,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         base_config = containerd_image.read_json(client, base.config_digest)
         base_layers = list(base_manifest.get("layers", []))
         base_name, base_digest = base.name, base.manifest.digest
-        diff: str | None = os.path.join(directory, names.ROOTFS_DIFF)
-        if diff is not None and not os.path.exists(diff):
-            diff = None
+        rootfs_diff = os.path.join(directory, names.ROOTFS_DIFF)
+        diff = rootfs_diff if os.path.exists(rootfs_diff) else None
         if diff is not None and documents.ends_with_rw_layer(base_manifest, base_config):
             diff = _merged_rw_layer(client, previous, base_layers.pop(), diff, staging)
             base_config = documents.without_rw_layer(base_config)

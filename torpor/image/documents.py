@@ -59,8 +59,8 @@ def ends_with_rw_layer(manifest: OciDocument, config: OciDocument) -> bool:
     annotations = manifest.get("annotations")
     history = config.get("history")
     layers = manifest.get("layers")
-    diff_ids = (config.get("rootfs") or {}).get("diff_ids") if isinstance(config.get("rootfs"),
-                                                                         dict) else None
+    rootfs = config.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
     return (isinstance(annotations, dict) and ann.CONTAINER in annotations
             and isinstance(history, list) and bool(history) and isinstance(history[-1], dict)
             and history[-1].get("comment") == RW_LAYER_COMMENT
