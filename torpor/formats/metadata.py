@@ -47,7 +47,8 @@ class ContainerInfo:
 
     @classmethod
     def from_json(cls, f: Fields) -> ContainerInfo:
-        return cls(id=f.string("id"), image=f.string("image", ""),
+        return cls(id=names.check_identifier(f.string("id"), f"{f.what}: the container id"),
+                   image=f.string("image", ""),
                    runtime=from_flat(RuntimeInfo, f.child("runtime")), spec=f.document("spec"),
                    labels=f.labels("labels"), snapshotter=f.string("snapshotter", ""),
                    snapshot_key=f.string("snapshot_key", ""))

@@ -3,6 +3,40 @@ file, defined once. Stdlib only: torpor-runc and torpor-hook import it."""
 
 from __future__ import annotations
 
+# containerd's identifiers (pkg/identifiers): container IDs, namespaces, snapshot keys' owners.
+# Every name torpor takes from a checkpoint or a user and makes part of a host path (records,
+# sandbox files, work directories, logs) is one of these, checked here and nowhere else.
+IDENTIFIER_MAX = 76
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+_SEPARATORS = frozenset("._-")
+
+
+def is_identifier(value: str) -> bool:
+    """Letters and digits, with single `.`, `_` or `-` between them (containerd's rule)."""
+    if not value or len(value) > IDENTIFIER_MAX or value[0] not in _ALNUM \
+            or value[-1] not in _ALNUM:
+        return False
+    previous = ""
+    for c in value:
+        if c in _SEPARATORS:
+            if previous in _SEPARATORS:
+                return False
+        elif c not in _ALNUM:
+            return False
+        previous = c
+    return True
+
+
+def check_identifier(value: str, what: str) -> str:
+    """`value` if it is a containerd identifier; else FormatError naming `what`: never a
+    path, `..` or `/`."""
+    from torpor.errors import FormatError
+
+    if not is_identifier(value):
+        raise FormatError(f"{what} {value[:100]!r} is not a valid name: letters, digits and "
+                          f"'.', '_', '-' between them, at most {IDENTIFIER_MAX} characters")
+    return value
+
 # The checkpoint directory (`torpor checkpoint -o DIR`, docs/checkpoint.md)
 CHECKPOINT_FORMAT = "torpor.checkpoint.v1"       # checkpoint.json's "format"
 CHECKPOINT_METADATA = "checkpoint.json"

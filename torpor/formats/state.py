@@ -71,7 +71,7 @@ class ContainerState:
         check_format(f, names.CONTAINER_STATE_FORMAT)
         gpu = f.optional_child("gpu")
         return cls(torpor_version=f.string("torpor_version", ""),
-                   container_id=f.string("container_id", ""), init_pid=f.integer("init_pid", 0),
+                   container_id=_container_id(f), init_pid=f.integer("init_pid", 0),
                    criu=CriuOptions.from_json(f.child("criu")),
                    policy=FilePolicy.from_json(f.child("policy")),
                    network=NetworkState.from_json(f.child("network")),
@@ -114,3 +114,8 @@ def read(image_path: str) -> ContainerState | None:
     except OSError as e:
         raise FormatError(f"cannot read {path}: {e.strerror}") from None
     return ContainerState.loads(data, path)
+
+
+def _container_id(f: Fields) -> str:
+    value = f.string("container_id", "")
+    return names.check_identifier(value, f"{f.what}: the container id") if value else ""
