@@ -194,6 +194,31 @@ def with_capability(spec: dict[str, Any], _: Path) -> None:
         values.append("CAP_SYS_ADMIN")
 
 
+def hook_calling_itself_torpors(stage: str) -> Callable[[dict[str, Any], Path], None]:
+    """A host program dressed as torpor's own hook: what a hook calls itself proves nothing."""
+    def change(spec: dict[str, Any], canary: Path) -> None:
+        spec.setdefault("hooks", {})[stage] = [
+            {"path": "/bin/sh", "args": ["torpor-hook", "-c", f"touch {canary}/pwned"]}]
+    return change
+
+
+def criu_config_annotation(spec: dict[str, Any], canary: Path) -> None:
+    """org.criu.config: runc hands the file to CRIU, whose action script runs as root."""
+    place = canary.parent / "criu-config"
+    place.mkdir(exist_ok=True)
+    script = place / "action.sh"
+    script.write_text(f"#!/bin/sh\ntouch {canary}/pwned\n")
+    script.chmod(0o755)
+    (place / "evil.conf").write_text(f"action-script {script}\n")
+    spec.setdefault("annotations", {})["org.criu.config"] = str(place / "evil.conf")
+
+
+def acted_on_annotation(key: str, value: str) -> Callable[[dict[str, Any], Path], None]:
+    def change(spec: dict[str, Any], _: Path) -> None:
+        spec.setdefault("annotations", {})[key] = value
+    return change
+
+
 def criu_symlink(directory: Path, w: World) -> None:
     pages = next((directory / "criu").glob("pages-*.img"))
     pages.unlink()
@@ -244,6 +269,29 @@ DIRECTORY_CASES: dict[str, tuple[Callable[[Path, World], None], bool, str]] = {
     **{f"containerd-diff-{case}": (hostile_rootfs(case, "rootfs-diff.tar"), True, "")
        for case in ("whiteout-dotdot", "symlink-then-write-through", "hardlink-dotdot")},
     "spec-hook": (edit_spec(add_hook), True, "prestart hook /bin/sh"),
+    "spec-prestart-hook-named-torpor-hook": (edit_spec(hook_calling_itself_torpors("prestart")),
+                                             True, "prestart hook /bin/sh torpor-hook"),
+    "spec-poststart-hook-named-torpor-hook": (
+        edit_spec(hook_calling_itself_torpors("poststart")), True, "poststart hook /bin/sh"),
+    # at the stages torpor writes its own: replaced by this node's, so it restores, safely
+    "spec-createRuntime-hook-named-torpor-hook": (
+        edit_spec(hook_calling_itself_torpors("createRuntime")), True, ""),
+    "spec-criu-config": (edit_spec(criu_config_annotation), True, "annotation org.criu.config"),
+    "spec-systemd-property": (edit_spec(acted_on_annotation(
+        "org.systemd.property.ExecStopPost", "/bin/sh")), True,
+        "annotation org.systemd.property.ExecStopPost"),
+    "spec-containerd-annotation": (edit_spec(acted_on_annotation(
+        "io.containerd.runc.v2.group", "other")), True, "annotation io.containerd.runc.v2.group"),
+    # a restore-time option is the user's: the checkpoint's own is dropped, so it restores
+    "spec-add-addresses": (edit_spec(acted_on_annotation(
+        "io.torpor.restore.add-addresses", "true")), True, ""),
+    "spec-hostname-with-newlines": (edit_spec(set_in("hostname", "h\n10.0.0.1 registry")), True,
+                                    "is not a host name"),
+    "metadata-container-id-is-a-path": (meta(set_in(
+        "container.id", lambda canary: f"x/../../../../..{canary}")), True,
+        "is not a valid name"),
+    "state-container-id-is-a-path": (edit_state_json(set_in("container_id", "../../../etc")),
+                                     True, "is not a valid name"),
     "spec-root-on-host": (edit_spec(set_in("root.path", str)), True, "root filesystem at"),
     "spec-root-dotdot": (edit_spec(set_in("root.path", "../../../../..")), True,
                          "root filesystem at"),

@@ -55,6 +55,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "capabilities": (list, [], 'capabilities beyond the defaults, e.g. ["CAP_SYS_PTRACE"]'),
         "host_namespaces": (list, [], "namespaces a restored container may share with the host "
                             'or join by path, e.g. ["network"]'),
+        "annotations": (list, ["org.opencontainers.image.*", "io.kubernetes.cri.*",
+                               "io.torpor.checkpoint.*", "nerdctl/*"],
+                        "annotations a restored spec keeps (keys or prefix*; docs/security.md)"),
         "allow_device_files": (bool, False, "extract device nodes and FIFOs from archives"),
         "max_layers": (int, 4096, "layers a checkpoint image may have"),
         "max_manifest_bytes": (int, 4 << 20, "size of a manifest or an index"),
@@ -93,6 +96,7 @@ class Config:
         "registry_docker_config",
         "registry_insecure",
         "restore_allow_device_files",
+        "restore_annotations",
         "restore_capabilities",
         "restore_devices",
         "restore_hooks",
@@ -124,6 +128,7 @@ class Config:
     image_store: str
     image_zstd_level: int
     restore_hooks: list[str]
+    restore_annotations: list[str]
     restore_mount_sources: list[str]
     restore_devices: list[str]
     restore_capabilities: list[str]

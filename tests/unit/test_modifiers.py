@@ -59,3 +59,18 @@ def test_flush_is_atomic_and_keeps_mode(tmp_path: Path) -> None:
     assert json.loads(path.read_text()) == s
     assert path.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
+def test_removes_every_hook_that_calls_itself_torpors_at_any_stage() -> None:
+    """args[0] is only a name: a prestart host program calling itself torpor-hook is dropped,
+    and torpor's own entries at createRuntime and poststop are this node's."""
+    s = copy.deepcopy(BASE)
+    s["hooks"]["prestart"] = [{"path": "/bin/sh", "args": ["torpor-hook", "-c", "id"]},
+                              {"path": "/usr/bin/kept", "args": ["kept"]}]
+    s["hooks"]["createRuntime"].append({"path": "/bin/sh", "args": ["torpor-hook", "-c", "x"]})
+    assert modifiers.apply(s, [hook()]) is True
+    assert s["hooks"]["prestart"] == [{"path": "/usr/bin/kept", "args": ["kept"]}]
+    paths = [h["path"] for h in s["hooks"]["createRuntime"]]
+    assert paths == ["/usr/bin/other-hook", "/opt/torpor/bin/torpor-hook"]
+    once = copy.deepcopy(s)
+    assert modifiers.apply(s, [hook()]) is False and s == once

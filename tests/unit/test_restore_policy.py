@@ -84,6 +84,20 @@ HOSTILE = {
                    "joining the network namespace /proc/1/ns/net"),
     "cgroup-dotdot": (spec(linux__cgroupsPath="/../../system.slice"),
                       "cgroup path '/../../system.slice'"),
+    # what a hook calls itself proves nothing outside the stages torpor-runc replaces
+    "hook-named-torpor-hook": (spec(hooks={"prestart": [
+        {"path": "/bin/sh", "args": [HOOK_MARKER, "-c", "id"]}]}),
+        "prestart hook /bin/sh torpor-hook -c id"),
+    "criu-config": (spec(annotations={"org.criu.config": "/tmp/evil.conf"}),
+                    "annotation org.criu.config='/tmp/evil.conf', which runc hands to CRIU"),
+    "systemd-property": (spec(annotations={"org.systemd.property.Delegate": "true"}),
+                         "annotation org.systemd.property.Delegate"),
+    "crun": (spec(annotations={"run.oci.hooks.stdout": "/etc/passwd"}),
+             "annotation run.oci.hooks.stdout"),
+    "shim-group": (spec(annotations={"io.kubernetes.cri.sandbox-id": "abc"}),
+                   "annotation io.kubernetes.cri.sandbox-id"),
+    "restore-option": (spec(annotations={"io.torpor.restore.add-addresses": "true"}),
+                       "annotation io.torpor.restore.add-addresses"),
 }
 
 
@@ -181,3 +195,39 @@ def test_only_containerds_cri_directory_marks_a_kubernetes_restore(tmp_path: Pat
     link = tmp_path / "looks-like-cri"
     link.symlink_to(tmp_path)  # a path that only names the directory does not count
     assert not policy.built_by_cri(str(link / "io.containerd.grpc.v1.cri-x" / "c1"), "c1")
+
+
+def test_annotations_the_node_acts_on_need_their_own_key_or_family() -> None:
+    criu = spec(annotations={"org.criu.config": "/etc/criu/x.conf"})
+    assert refused(criu, policy.RestorePolicy(annotations=("org.criu.config",))) == []
+    assert refused(criu, policy.RestorePolicy(annotations=("org.criu.*",))) == []
+    for broad in ("org.*", "*", "org.c*"):   # written for inert keys: they name no acted-on one
+        assert refused(criu, policy.RestorePolicy(annotations=(broad,))) != [], broad
+    group = spec(annotations={"io.kubernetes.cri.sandbox-id": "abc"})
+    assert refused(group, policy.RestorePolicy(annotations=("io.kubernetes.cri.*",))) != []
+    added = spec(annotations={"io.torpor.restore.add-addresses": "true"})
+    users = policy.UserGrants(annotations=frozenset({"io.torpor.restore.add-addresses"}))
+    assert refused(added, grants=users) == []
+
+
+def test_inert_annotations_travel_only_where_the_policy_names_them() -> None:
+    document = spec(annotations={"org.opencontainers.image.title": "t", "nerdctl/name": "web",
+                                 "com.example.note": "x", "org.criu.config": "/x.conf"})
+    node = policy.RestorePolicy.of(Config({}))
+    assert policy.admit_annotations(document, node) == ["com.example.note"]
+    # the acted-on one stays, for the policy to refuse in words
+    assert sorted(document["annotations"]) == ["nerdctl/name", "org.criu.config",
+                                               "org.opencontainers.image.title"]
+    kept = spec(annotations={"com.example.note": "x"})
+    assert policy.admit_annotations(kept, policy.RestorePolicy(annotations=("com.example.*",))) \
+        == [] and kept["annotations"] == {"com.example.note": "x"}
+
+
+def test_seals_of_specs_without_acted_on_annotations_are_unchanged() -> None:
+    """A seal made before annotations were requests still matches (no key in the JSON)."""
+    assert "annotations" not in SpecRequests.of(PLAIN).to_json()
+    criu = SpecRequests.of(spec(annotations={"org.criu.config": "/a"}))
+    assert criu != SpecRequests.of(spec(annotations={"org.criu.config": "/b"}))
+    from torpor.formats.fields import Fields
+
+    assert SpecRequests.from_json(Fields(criu.to_json(), "x")) == criu

@@ -126,6 +126,9 @@ def standalone(spec: OciSpec, files_dir: str, network_given: bool) -> OciSpec:
             mount["source"] = _fresh_dir(os.path.join(files_dir, "shm"), 0o1777)
         elif not os.path.exists(str(mount.get("source", ""))):
             mount["source"] = _fresh_dir(os.path.join(files_dir, f"volume-{index}"), 0o755)
+    annotations = spec.get("annotations")
+    if isinstance(annotations, dict):  # no longer in that sandbox: no shim to share
+        annotations.pop(ann.CRI_SANDBOX_ID, None)
     return spec
 
 

@@ -8,8 +8,11 @@ container's own (proc, sysfs, tmpfs, devpts, mqueue, cgroup). Everything else ne
 or the user: hooks (`[restore] hooks`, or `--allow-spec-hooks`), bind mounts and other host
 filesystems (`[restore] mount_sources`, or `--volume DEST[=SOURCE]`), devices (`[restore]
 devices`), capabilities (`[restore] capabilities`), host or joined namespaces (`[restore]
-host_namespaces`; a network namespace given with `--netns`). A root path elsewhere and a cgroup
-path with `..` are refused outright.
+host_namespaces`; a network namespace given with `--netns`), annotations that runc, CRIU, a shim
+or torpor acts on (`[restore] annotations`, by exact key or a pattern within its own prefix, or the
+user's own `--add-addresses`). Other annotations are inert: a restored spec keeps those the policy
+names and loses the rest (admit_annotations). A root path elsewhere and a cgroup path with `..`
+are refused outright.
 
 `torpor restore` checks before anything is created and leaves what it granted in a record for
 torpor-runc, which checks again: it leaves what it granted in the restore's own work directory
@@ -35,11 +38,15 @@ from torpor.atomicfile import write_atomic
 from torpor.config import Config
 from torpor.errors import FormatError, RestoreError
 from torpor.formats.spec_requests import (
+    ACTED_ON_ANNOTATIONS,
     GRANT_FILE,
+    Annotation,
     Device,
     Namespace,
     RestoreGrant,
     SpecRequests,
+    acted_on,
+    matches,
 )
 
 GRANT_TTL_S = 600
@@ -56,12 +63,13 @@ class RestorePolicy:
     devices: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     host_namespaces: tuple[str, ...] = ()
+    annotations: tuple[str, ...] = ()   # keys, or prefix* patterns
 
     @classmethod
     def of(cls, cfg: Config) -> RestorePolicy:
         return cls(tuple(cfg.restore_hooks), tuple(cfg.restore_mount_sources),
                    tuple(cfg.restore_devices), tuple(cfg.restore_capabilities),
-                   tuple(cfg.restore_host_namespaces))
+                   tuple(cfg.restore_host_namespaces), tuple(cfg.restore_annotations))
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class UserGrants:
     mounts: frozenset[str] = field(default_factory=frozenset)  # destinations given by --volume
     netns: str | None = None                          # --netns PATH
     own_sources: tuple[str, ...] = ()                 # files torpor made for this restore
+    annotations: frozenset[str] = frozenset()         # keys set by the user (--add-addresses)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,8 @@ def verdicts(requests: SpecRequests, policy: RestorePolicy,
                            f'[restore] capabilities = ["{capability}"]'))
     for ns in requests.namespaces:
         out.append(_namespace_verdict(ns, policy, grants))
+    for annotation in requests.annotations:
+        out.append(_annotation_verdict(annotation, policy, grants))
     cgroups = requests.cgroups_path
     if cgroups and ".." in cgroups.replace(":", "/").split("/"):
         out.append(Verdict(f"cgroup path {cgroups!r}", "", "none: '..' is refused"))
@@ -178,6 +189,62 @@ def _namespace_verdict(ns: Namespace, policy: RestorePolicy, grants: UserGrants)
     return Verdict(f"joining the {ns.type} namespace {ns.path}", by, remedy)
 
 
+def _annotation_verdict(annotation: Annotation, policy: RestorePolicy,
+                        grants: UserGrants) -> Verdict:
+    key = annotation.key
+    by = ("the user" if key in grants.annotations else
+          "[restore] annotations" if names_acted_on(key, policy.annotations) else "")
+    return Verdict(f"annotation {key}={annotation.value!r}, which "
+                   f"{_ACTED_ON_BY.get(_prefix_of(key), 'the node acts on')}", by,
+                   f'[restore] annotations = ["{key}"]')
+
+
+_ACTED_ON_BY = {
+    "org.criu.": "runc hands to CRIU (a configuration file whose action scripts run as root)",
+    "org.systemd.property.": "runc makes a systemd unit property",
+    "org.opencontainers.runc.": "runc acts on",
+    "run.oci.": "crun acts on",
+    "io.containerd.": "containerd's shims act on",
+    "io.kubernetes.cri.sandbox-id": "containerd's runc shim groups containers by",
+    "io.katacontainers.": "Kata acts on (host paths, hypervisor)",
+    "io.kubernetes.cri-o.": "CRI-O acts on",
+    "io.torpor.restore.": "torpor-runc restore acts on (give the restore option instead)",
+}
+
+
+def _prefix_of(key: str) -> str:
+    return next((p for p in ACTED_ON_ANNOTATIONS
+                 if (key.startswith(p) if p.endswith((".", "/")) else key == p)), "")
+
+
+def names_acted_on(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """Whether the policy names an annotation the node acts on: by its exact key, or by a
+    prefix* pattern within the key's own family (`org.criu.*` names org.criu.config; `org.*`,
+    written for inert keys, does not)."""
+    family = _prefix_of(key)
+    return any(p == key or (p.endswith("*") and key.startswith(p[:-1])
+                            and family.endswith((".", "/")) and p[:-1].startswith(family))
+               for p in patterns)
+
+
+def admit_annotations(spec: dict[str, object], policy: RestorePolicy,
+                      keep: frozenset[str] = frozenset()) -> list[str]:
+    """Drop from `spec` (in place) every inert annotation the policy does not name, except
+    those in `keep`; the ones the node acts on stay, for the policy to check. Returns the keys
+    dropped."""
+    annotations = spec.get("annotations")
+    if not isinstance(annotations, dict):
+        if annotations is not None:
+            spec["annotations"] = {}
+        return []
+    dropped = [str(k) for k in annotations
+               if not acted_on(str(k)) and k not in keep
+               and not matches(str(k), policy.annotations)]
+    for key in dropped:
+        del annotations[key]
+    return sorted(dropped)
+
+
 def archive_limits(cfg: Config) -> ArchiveLimits:
     return ArchiveLimits(max_entries=cfg.restore_max_files,
                          max_bytes=cfg.restore_max_unpacked_bytes)
@@ -209,12 +276,15 @@ def take_grant(record_dir: str) -> SpecRequests | None:
 
 
 def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
-                     granted: SpecRequests | None, sealed_here: bool = False) -> None:
+                     granted: SpecRequests | None, sealed_here: bool = False) -> bool:
     """torpor-runc's check: what torpor restore granted, exactly; or requests this node sealed
-    at checkpoint time, or a Kubernetes restore (kubelet's spec); or else the policy alone."""
+    at checkpoint time, or a Kubernetes restore (kubelet's spec); or else the policy alone.
+    True when the spec is the node's own or granted as it is; False when it passed the policy
+    alone (a foreign spec: its inert annotations are then admit_annotations' to drop)."""
     if sealed_here or (granted is not None and granted == requests):
-        return
+        return True
     check(requests, policy)
+    return False
 
 
 CRI_PLUGIN_DIR = "io.containerd.grpc.v1.cri"

@@ -5,8 +5,16 @@ node's policy (torpor.capture.restore_policy) and leaves what it granted for tor
 grant record (`<state_dir>/restore-work/<restore>/restore-grant.json`, in the work directory
 of that one restore). Stdlib only.
 
-torpor's own hooks (args[0] "torpor-hook") are not requests: torpor-runc replaces them with this
-node's own, whatever path the checkpoint gave them.
+torpor's own hooks (args[0] "torpor-hook") at createRuntime and poststop are not requests:
+torpor-runc replaces them with this node's own, whatever path the checkpoint gave them. A hook
+that calls itself torpor's at any other stage is a request like any other hook (and torpor-runc
+removes it): what a hook calls itself proves nothing.
+
+Annotations that something on the node acts on (ACTED_ON: runc hands org.criu.config to CRIU,
+whose action scripts run as root; runc turns org.systemd.property.* into systemd unit
+properties; crun reads run.oci.*; containerd's shims read io.containerd.*; torpor reads
+io.torpor.restore.*) are requests too, key and value. Any other annotation is inert and only
+travels where the node's `[restore] annotations` names it (torpor.capture.restore_policy).
 """
 
 from __future__ import annotations
@@ -23,6 +31,20 @@ from torpor.formats.oci import OciSpec
 GRANT_FORMAT = "torpor.restore-grant.v1"
 GRANT_FILE = "restore-grant.json"
 TORPOR_HOOK_ARG0 = "torpor-hook"   # shim.modifiers.HOOK_MARKER
+TORPOR_HOOK_STAGES = ("createRuntime", "poststop")  # shim.modifiers.HOOK_NAMES: replaced there
+# Annotation keys (a trailing "." or "/" is a prefix) that runc, CRIU, the shims, crun, Kata or
+# torpor act on: each one is a request the node's policy must name.
+ACTED_ON_ANNOTATIONS = (
+    "org.criu.",                      # runc: org.criu.config, CRIU's configuration file
+    "org.systemd.property.",          # runc (systemd cgroups): unit properties
+    "org.opencontainers.runc.",       # runc's own (exec CPU affinity...)
+    "run.oci.",                       # crun: hooks output, keep original groups, seccomp...
+    "io.containerd.",                 # containerd's shims: grouping, runtime options
+    "io.kubernetes.cri.sandbox-id",   # containerd's runc shim groups containers by it
+    "io.katacontainers.",             # Kata: hypervisor, kernel, paths on the host
+    "io.kubernetes.cri-o.",           # CRI-O
+    "io.torpor.restore.",             # torpor-runc restore: add addresses to a namespace
+)
 NAMESPACES = ("mount", "pid", "ipc", "uts", "network")  # a container has its own of each
 # what a mount of these types exposes is the container's own, not the host's
 CONTAINER_FILESYSTEMS = ("proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "shm")
@@ -73,6 +95,23 @@ class Namespace:
 
 
 @dataclass(frozen=True)
+class Annotation:
+    key: str
+    value: str
+
+
+def acted_on(key: str) -> bool:
+    """Whether something on a node acts on the annotation `key` (ACTED_ON_ANNOTATIONS)."""
+    return any(key.startswith(p) if p.endswith((".", "/")) else key == p
+               for p in ACTED_ON_ANNOTATIONS)
+
+
+def matches(key: str, patterns: tuple[str, ...] | list[str]) -> bool:
+    """`key` against `[restore] annotations` patterns: exact keys, or `prefix*`."""
+    return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in patterns)
+
+
+@dataclass(frozen=True)
 class SpecRequests:
     root_path: str = "rootfs"
     hooks: tuple[Hook, ...] = ()
@@ -81,6 +120,7 @@ class SpecRequests:
     capabilities: tuple[str, ...] = ()        # beyond DEFAULT_CAPABILITIES
     namespaces: tuple[Namespace, ...] = ()    # joined by path, or shared with the host
     cgroups_path: str = ""
+    annotations: tuple[Annotation, ...] = ()  # the ACTED_ON ones
 
     @classmethod
     def of(cls, spec: OciSpec) -> SpecRequests:
@@ -91,15 +131,19 @@ class SpecRequests:
                    host_mounts=_mounts(spec.get("mounts")),
                    devices=_devices(linux), capabilities=_capabilities(process),
                    namespaces=_namespaces(linux.get("namespaces")),
-                   cgroups_path=str(linux.get("cgroupsPath") or ""))
+                   cgroups_path=str(linux.get("cgroupsPath") or ""),
+                   annotations=_annotations(spec.get("annotations")))
 
     def to_json(self) -> dict[str, Any]:
-        return {"root_path": self.root_path, "hooks": [to_flat(h) for h in self.hooks],
-                "host_mounts": [to_flat(m) for m in self.host_mounts],
-                "devices": [to_flat(d) for d in self.devices],
-                "capabilities": list(self.capabilities),
-                "namespaces": [to_flat(n) for n in self.namespaces],
-                "cgroups_path": self.cgroups_path}
+        out = {"root_path": self.root_path, "hooks": [to_flat(h) for h in self.hooks],
+               "host_mounts": [to_flat(m) for m in self.host_mounts],
+               "devices": [to_flat(d) for d in self.devices],
+               "capabilities": list(self.capabilities),
+               "namespaces": [to_flat(n) for n in self.namespaces],
+               "cgroups_path": self.cgroups_path}
+        if self.annotations:  # absent when none: seals made before annotations still match
+            out["annotations"] = [to_flat(a) for a in self.annotations]
+        return out
 
     @classmethod
     def from_json(cls, f: Fields) -> SpecRequests:
@@ -109,7 +153,8 @@ class SpecRequests:
                    devices=tuple(from_flat(Device, x) for x in f.children("devices")),
                    capabilities=tuple(f.strings("capabilities")),
                    namespaces=tuple(from_flat(Namespace, x) for x in f.children("namespaces")),
-                   cgroups_path=f.string("cgroups_path", ""))
+                   cgroups_path=f.string("cgroups_path", ""),
+                   annotations=tuple(from_flat(Annotation, x) for x in f.children("annotations")))
 
 
 @dataclass(frozen=True)
@@ -143,11 +188,18 @@ def _hooks(hooks: object) -> tuple[Hook, ...]:
                 found.append(Hook(str(stage), repr(entry), ""))
                 continue
             args = _list(entry.get("args"))
-            if args and args[0] == TORPOR_HOOK_ARG0:
+            if args and args[0] == TORPOR_HOOK_ARG0 and stage in TORPOR_HOOK_STAGES:
                 continue
             found.append(Hook(str(stage), str(entry.get("path", "")),
                               " ".join(str(a) for a in args)))
     return tuple(found)
+
+
+def _annotations(annotations: object) -> tuple[Annotation, ...]:
+    if not isinstance(annotations, dict):
+        return ()
+    return tuple(Annotation(str(k), str(v)) for k, v in sorted(annotations.items(), key=str)
+                 if acted_on(str(k)))
 
 
 def is_bind(mount: dict[str, Any]) -> bool:

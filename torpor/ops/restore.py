@@ -55,7 +55,7 @@ from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
 from torpor.formats.oci import OciSpec
-from torpor.formats.spec_requests import SpecRequests
+from torpor.formats.spec_requests import TORPOR_HOOK_ARG0, TORPOR_HOOK_STAGES, SpecRequests
 from torpor.image import directory as checkpoint_dir
 from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
@@ -118,22 +118,28 @@ def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
     /etc/hostname and /etc/resolv.conf (capture/pod.py): files torpor makes, allowed as such,
     and removed again if the policy refuses the rest."""
     unpack.ensure_restorable(metadata)
-    name = options.name or metadata.container.id
+    name = names.check_identifier(options.name or metadata.container.id, "the container name")
+    names.check_identifier(namespace, "the containerd namespace")
     spec = rewrite_spec(metadata.container.spec, metadata.container.id, name, options)
-    own_files = os.path.join(cfg.runtime_state_dir, "pod-files", f"{namespace}-{name}")
+    # one directory per restore: a container of the same name may be using its own
+    own_files = os.path.join(cfg.runtime_state_dir, "pod-files",
+                             f"{namespace}-{name}-{secrets.token_hex(8)}")
     if pod.in_pod(spec):
         spec = pod.standalone(spec, own_files, network_given=bool(options.netns))
     else:  # the engine's own files (nerdctl's /etc/hosts...) become torpor's
         spec = pod.own_engine_files(spec, own_files, frozenset(options.volumes))
     if not os.path.isdir(own_files):
         own_files = ""
+    policy = restore_policy.RestorePolicy.of(cfg)
+    user_annotations = frozenset({ann.RESTORE_ADD_ADDRESSES} if options.add_addresses else ())
+    restore_policy.admit_annotations(spec, policy, keep=user_annotations)
     requests = SpecRequests.of(spec)
     grants = restore_policy.UserGrants(
         spec_hooks=options.allow_spec_hooks,
         mounts=frozenset(options.volumes) | options.accept_mounts, netns=options.netns,
-        own_sources=(own_files,) if own_files else ())
+        own_sources=(own_files,) if own_files else (), annotations=user_annotations)
     try:
-        restore_policy.check(requests, restore_policy.RestorePolicy.of(cfg), grants)
+        restore_policy.check(requests, policy, grants)
     except BaseException:
         if own_files:
             shutil.rmtree(own_files, ignore_errors=True)
@@ -246,7 +252,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     spec = approved.spec
     runtime = RuntimeInfo(name=runc_runtime.RUNC_SHIM,
                           binary_name=options.runtime_binary or default_runtime_binary(),
-                          root=original.runtime.root,
+                          root="",  # the node's runc root: a checkpoint names no host path
                           systemd_cgroup=original.runtime.systemd_cgroup)
     work = os.path.join(cfg.runtime_state_dir, "restore-work",
                         f"{client.namespace}-{name}-{secrets.token_hex(16)}")
@@ -339,13 +345,29 @@ def rewrite_spec(spec: OciSpec, old_id: str, new_id: str, options: RestoreOption
         destination = str(mount.get("destination", "")).rstrip("/") or "/"
         if destination in options.volumes:
             mount["source"] = options.volumes[destination]
+    # restore-time options are the user's, never the checkpoint's
     annotations = spec.setdefault("annotations", {})
+    for key in [k for k in annotations if str(k).startswith(RESTORE_OPTIONS)]:
+        del annotations[key]
     if options.add_addresses:
         annotations[ann.RESTORE_ADD_ADDRESSES] = "true"
+    # torpor's own hooks where it writes them are the node's (torpor-runc adds them); one that
+    # calls itself torpor's anywhere else stays, a request the policy refuses
+    for stage, hooks in (spec.get("hooks") or {}).items():
+        if stage in TORPOR_HOOK_STAGES and isinstance(hooks, list):
+            spec["hooks"][stage] = [h for h in hooks if not _calls_itself_torpors(h)]
     if spec.get("process", {}).get("terminal"):
         raise RestoreError("the checkpointed container has a terminal (tty): torpor restores "
                            "containers without one")
     return spec
+
+
+RESTORE_OPTIONS = "io.torpor.restore."
+
+
+def _calls_itself_torpors(hook: object) -> bool:
+    args = hook.get("args") if isinstance(hook, dict) else None
+    return isinstance(args, list) and bool(args) and args[0] == TORPOR_HOOK_ARG0
 
 
 SPEC_SHAPE: dict[str, type] = {
@@ -363,11 +385,24 @@ def check_shape(spec: OciSpec) -> None:
         if value is not None and not isinstance(value, kind):
             what = "a list" if kind is list else "a string" if kind is str else "an object"
             raise RestoreError(f"the checkpoint's spec is malformed: {path} is not {what}")
+    hostname = spec.get("hostname")
+    if hostname is not None and not _is_hostname(hostname):
+        raise RestoreError(f"the checkpoint's spec is malformed: hostname {str(hostname)[:80]!r} "
+                           "is not a host name")
     for where in ("mounts", "linux.namespaces", "linux.devices"):
         head, _, tail = where.partition(".")
         items = spec.get(head) if not tail else (spec.get(head) or {}).get(tail)
         if any(not isinstance(item, dict) for item in items or []):
             raise RestoreError(f"the checkpoint's spec is malformed: {where} holds a non-object")
+
+
+def _is_hostname(value: object) -> bool:
+    """RFC 1123: labels of letters, digits and `-`, dots between them, 253 characters."""
+    if not isinstance(value, str) or not 0 < len(value) <= 253:
+        return False
+    return all(0 < len(label) <= 63 and label.replace("-", "").isalnum() and label.isascii()
+               and not label.startswith("-") and not label.endswith("-")
+               for label in value.split("."))
 
 
 def default_runtime_binary() -> str:

@@ -26,7 +26,9 @@ class SpecModifier(Protocol):
 
 
 class HookModifier:
-    """Adds torpor-hook to the spec's createRuntime and poststop hooks, replacing older entries."""
+    """Adds torpor-hook to the spec's createRuntime and poststop hooks, replacing older entries,
+    and removes every other hook that calls itself torpor's (args[0] torpor-hook), whatever its
+    stage or path: torpor's hooks are this node's, never the checkpoint's."""
 
     def __init__(self, hook_path: str, state_dir: str, names: tuple[str, ...] = HOOK_NAMES):
         self.hook_path = hook_path
@@ -44,6 +46,11 @@ class HookModifier:
         if hooks is None:
             hooks = spec["hooks"] = {}
         changed = False
+        for name in [n for n in hooks if n not in self.names]:
+            current = hooks.get(name)
+            if isinstance(current, list) and any(_is_ours(h) for h in current):
+                hooks[name] = [h for h in current if not _is_ours(h)]
+                changed = True
         for name in self.names:
             wanted = self.entry(name)
             current = hooks.get(name) or []

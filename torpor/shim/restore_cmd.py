@@ -125,11 +125,17 @@ def run(ctx: Context) -> int:
         state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
             restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
     work = granting_work_dir(ctx)
-    restore_policy.check_in_runtime(requests, restore_policy.RestorePolicy.of(ctx.cfg),
-                                    restore_policy.take_grant(work) if work else None,
-                                    sealed_here=sealed)
+    policy = restore_policy.RestorePolicy.of(ctx.cfg)
+    own = restore_policy.check_in_runtime(requests, policy,
+                                          restore_policy.take_grant(work) if work else None,
+                                          sealed_here=sealed)
+    dropped = [] if own else restore_policy.admit_annotations(config, policy)
+    if dropped:
+        ctx.log.info(f"dropped annotations [restore] annotations does not name: "
+                     f"{', '.join(dropped)}")
     changed = modifiers.apply(config, modifiers.torpor_hooks(ctx.hook_path(),
                                                              ctx.cfg.runtime_state_dir))
+    changed = changed or bool(dropped)
     if state is None:
         if changed:
             spec.flush(bundle, config)
