@@ -231,3 +231,17 @@ def test_seals_of_specs_without_acted_on_annotations_are_unchanged() -> None:
     from torpor.formats.fields import Fields
 
     assert SpecRequests.from_json(Fields(criu.to_json(), "x")) == criu
+
+
+def test_restore_time_options_are_the_users_never_the_checkpoints() -> None:
+    """A checkpoint's own io.torpor.restore.add-addresses would add addresses of its choosing to
+    the namespace the user gave with --netns: torpor restore drops it; the user's flag sets it."""
+    from torpor.ops.restore import RestoreOptions, rewrite_spec
+
+    document = spec(annotations={"io.torpor.restore.add-addresses": "true"})
+    given = RestoreOptions(netns="/var/run/netns/blue")
+    rewritten = rewrite_spec(document, "web1", "web1", given)
+    assert "io.torpor.restore.add-addresses" not in rewritten["annotations"]
+    asked = rewrite_spec(document, "web1", "web1",
+                         RestoreOptions(netns="/var/run/netns/blue", add_addresses=True))
+    assert asked["annotations"]["io.torpor.restore.add-addresses"] == "true"
