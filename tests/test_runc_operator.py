@@ -13,7 +13,6 @@ import os
 import subprocess
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,13 @@ pytestmark = pytest.mark.real
 
 
 @pytest.fixture
-def bundle(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
-    """A busybox bundle whose init counts; the runtime argv; the container removed after."""
+def bundle(tmp_path: Path) -> Path:
+    """A busybox bundle."""
     root = tmp_path / "bundle"
     (root / "rootfs").mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(rootfs_layer({}))) as tar:
         tar.extractall(root / "rootfs", filter="tar")
-    yield root, []
+    return root
 
 
 def runtime(torpor_bin: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
@@ -47,7 +46,8 @@ def spec(root: Path, criu_config: Path) -> None:
     subprocess.run(["runc", "spec", "--bundle", str(root)], check=True)
     document = json.loads((root / "config.json").read_text())
     document["process"].update(terminal=False, args=[
-        "sh", "-c", "exec </dev/null >/dev/null 2>&1; i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"])
+        "sh", "-c", "exec </dev/null >/dev/null 2>&1; i=0; "
+                    "while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"])
     document["root"]["readonly"] = False
     document["annotations"] = {"org.criu.config": str(criu_config)}
     (root / "config.json").write_text(json.dumps(document))
@@ -61,8 +61,8 @@ def count(root: Path) -> int:
 
 
 def test_an_operators_criu_config_is_kept_and_a_changed_one_refused(
-        bundle: tuple[Path, list[str]], torpor_bin: Path, tmp_path: Path) -> None:
-    root, _ = bundle
+        bundle: Path, torpor_bin: Path, tmp_path: Path) -> None:
+    root = bundle
     argv, env = runtime(torpor_bin, tmp_path)
     criu_config = tmp_path / "criu.conf"
     criu_config.write_text("log-file=operators-criu.log\n")  # relative: in the work dir
