@@ -612,3 +612,29 @@ def test_what_the_user_grants_is_honoured_and_checked_again(corpus: World, tmp_p
         assert not list(state.glob("containers/*/hg-granted/restore-grant.json"))   # taken
     finally:
         remove(corpus.node, "hg-granted")
+
+
+def test_labels_containerd_and_nerdctl_act_on_stay_behind(corpus: World, tmp_path: Path) -> None:
+    """containerd's restart monitor acts on containerd.io/restart.* (a binary:// log URI runs a
+    host program as root), nerdctl on nerdctl/* (nerdctl rm removes its state-dir): a restored
+    container carries the checkpoint's labels only where [restore] labels names them."""
+    copy = tmp_path / "ck"
+    shutil.copytree(corpus.directory, copy, symlinks=True)
+    document = metadata_of(copy)
+    document["container"]["labels"] = {
+        "containerd.io/restart.status": "running",
+        "containerd.io/restart.loguri": f"binary:///bin/sh?-c=touch+{corpus.canary}/pwned",
+        "nerdctl/state-dir": str(corpus.canary), "io.kubernetes.container.name": "web"}
+    save_metadata(copy, document)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    try:
+        torpor(corpus.node, "restore", str(copy), "--name", "h-labels", "--volume",
+               f"/data={volume}")
+        info = json.loads(corpus.node.ctr("containers", "info", "h-labels").stdout)
+        labels = info.get("Labels") or {}
+        assert not [k for k in labels if k.startswith(("containerd.io/", "nerdctl/"))], labels
+        assert labels["io.kubernetes.container.name"] == "web"   # inert, the policy names it
+    finally:
+        remove(corpus.node, "h-labels")
+    assert not (corpus.canary / "pwned").exists()

@@ -58,6 +58,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "annotations": (list, ["org.opencontainers.image.*", "io.kubernetes.cri.*",
                                "io.torpor.checkpoint.*", "nerdctl/*"],
                         "annotations a restored spec keeps (keys or prefix*; docs/security.md)"),
+        "labels": (list, ["io.kubernetes.*", "org.opencontainers.image.*",
+                          "io.containerd.image.config.*"],
+                   "containerd labels a restored container keeps (containerd.io/restart.* and "
+                   "nerdctl/* are acted on: name them only for checkpoints you trust)"),
         "allow_device_files": (bool, False, "extract device nodes and FIFOs from archives"),
         "max_layers": (int, 4096, "layers a checkpoint image may have"),
         "max_manifest_bytes": (int, 4 << 20, "size of a manifest or an index"),
@@ -101,6 +105,7 @@ class Config:
         "restore_devices",
         "restore_hooks",
         "restore_host_namespaces",
+        "restore_labels",
         "restore_max_compression_ratio",
         "restore_max_config_bytes",
         "restore_max_files",
@@ -129,6 +134,7 @@ class Config:
     image_zstd_level: int
     restore_hooks: list[str]
     restore_annotations: list[str]
+    restore_labels: list[str]
     restore_mount_sources: list[str]
     restore_devices: list[str]
     restore_capabilities: list[str]

@@ -55,7 +55,12 @@ from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
 from torpor.formats.oci import OciSpec
-from torpor.formats.spec_requests import TORPOR_HOOK_ARG0, TORPOR_HOOK_STAGES, SpecRequests
+from torpor.formats.spec_requests import (
+    TORPOR_HOOK_ARG0,
+    TORPOR_HOOK_STAGES,
+    SpecRequests,
+    matches,
+)
 from torpor.image import directory as checkpoint_dir
 from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
@@ -269,7 +274,11 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
             snapshots.apply_rw_layer(client, diff, mounts)
         # 7. the container
-        labels = {**original.labels, ann.RESTORED_FROM: directory}
+        # the checkpoint's labels only where the policy names them: containerd's restart
+        # monitor acts on containerd.io/restart.* (a binary:// log URI runs a host program),
+        # nerdctl on nerdctl/* (its state directory, removed with the container)
+        labels = {**{k: v for k, v in original.labels.items() if matches(k, cfg.restore_labels)},
+                  ann.RESTORED_FROM: directory}
         client.create_container(containers_pb2.Container(
             id=name, image=image.name, labels=labels, snapshotter=snapshotter,
             snapshot_key=name,
