@@ -33,7 +33,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from torpor.capture import files, netns, pod, records, restore_policy
+from torpor.capture import files, netns, own_engine, pod, records, restore_policy
 from torpor.capture.freezer import Cgroup
 from torpor.errors import FormatError, RestoreError
 from torpor.formats import annotations as ann
@@ -120,10 +120,13 @@ def run(ctx: Context) -> int:
     config = spec.load(bundle)
     state = read_state(image_path)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
-    requests = SpecRequests.of(config)
+    # what Podman made for the container itself (its root, its files) is not the checkpoint's
+    requests = own_engine.requests_of(config, bundle, container_id)
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
-        state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
-            restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
+        state is not None and bool(state.spec_seal) and any(
+            restore_policy.sealed_here(restore_policy.node_key(ctx.cfg), sealed_requests,
+                                       state.spec_seal)
+            for sealed_requests in {requests, SpecRequests.of(config)}))  # and older seals
     work = granting_work_dir(ctx)
     policy = restore_policy.RestorePolicy.of(ctx.cfg)
     own = restore_policy.check_in_runtime(requests, policy,

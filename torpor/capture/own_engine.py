@@ -1,0 +1,97 @@
+"""What a container's own engine made for it on this node, told apart from what its spec asks.
+
+Podman (containers/storage, overlay driver) gives every container a root and a few files of its
+own, and writes their paths into the spec it hands torpor-runc: the root at
+`<graphroot>/overlay/<layer>/merged`, where `<graphroot>/overlay-containers/containers.json`
+records `<layer>` as this container's; the bundle `<graphroot>/overlay-containers/<id>/userdata`
+with its `shm`; and `<runroot>/overlay-containers/<id>/userdata/{hosts,hostname,resolv.conf,
+.containerenv}`. A restore gets new ones (`podman container restore --import` mounts a new
+layer and makes new files), so they are neither requests of the checkpoint nor part of the
+seal: they are recognised here by their place, for the container id runc is given, and only
+when containers/storage's own record of that container agrees. A checkpoint cannot choose them
+(Podman sets the root and bind-mounts its files itself); a spec that points anything else at a
+host path, or one of these places at another container's files, keeps it as a request.
+
+Stdlib only: torpor-runc imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from torpor.formats.oci import OciSpec
+from torpor.formats.spec_requests import SpecRequests
+
+STORAGE_DRIVER = "overlay"
+CONTAINERS_JSON = "containers.json"
+ENGINE_FILES = frozenset({"hosts", "hostname", "resolv.conf", ".containerenv"})  # in runroot
+BUNDLE_FILES = frozenset({"shm"})                                                 # in the bundle
+_MAX_RECORD = 64 << 20
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_engine_id(value: str) -> bool:
+    """A 64-hex-digit id, as Podman (and containerd's clients) make them."""
+    return len(value) == 64 and set(value) <= _HEX
+
+
+def storage_layer(bundle: str, container_id: str) -> tuple[str, str] | None:
+    """(graphroot, layer) when `bundle` is containers/storage's directory of `container_id`
+    and its record names the container's layer; else None."""
+    if not is_engine_id(container_id):
+        return None
+    userdata = os.path.normpath(os.path.abspath(bundle))
+    ctr_dir, leaf = os.path.split(userdata)
+    containers, ctr = os.path.split(ctr_dir)
+    graphroot, kind = os.path.split(containers)
+    if leaf != "userdata" or ctr != container_id or kind != f"{STORAGE_DRIVER}-containers" \
+            or os.path.realpath(userdata) != userdata:
+        return None
+    try:
+        with open(os.path.join(containers, CONTAINERS_JSON), "rb") as f:
+            records = json.loads(f.read(_MAX_RECORD))
+    except (OSError, ValueError):
+        return None
+    for record in records if isinstance(records, list) else []:
+        if isinstance(record, dict) and record.get("id") == container_id:
+            layer = record.get("layer")
+            return (graphroot, layer) if isinstance(layer, str) and is_engine_id(layer) else None
+    return None
+
+
+def _engine_root(root: str, place: tuple[str, str] | None) -> bool:
+    if place is None:
+        return False
+    graphroot, layer = place
+    return os.path.normpath(root) == os.path.join(graphroot, STORAGE_DRIVER, layer, "merged")
+
+
+def _engine_file(source: str, bundle: str, container_id: str) -> bool:
+    if not source.startswith("/") or os.path.normpath(source) != source:
+        return False
+    directory, name = os.path.split(source)
+    if directory == os.path.normpath(os.path.abspath(bundle)):
+        return name in BUNDLE_FILES
+    ctr_dir, leaf = os.path.split(directory)
+    containers, ctr = os.path.split(ctr_dir)
+    return (name in ENGINE_FILES and leaf == "userdata" and ctr == container_id
+            and os.path.basename(containers) == f"{STORAGE_DRIVER}-containers")
+
+
+def requests_of(spec: OciSpec, bundle: str, container_id: str) -> SpecRequests:
+    """The spec's requests (SpecRequests.of), less what the container's own engine made for
+    it on this node: a root and files of the container's own in containers/storage (the root
+    then reads as the bundle's, which it is in all but place)."""
+    requests = SpecRequests.of(spec)
+    place = storage_layer(bundle, container_id)
+    if place is None:
+        return requests
+    own_root = _engine_root(requests.root_path, place)
+    mounts = tuple(m for m in requests.host_mounts
+                   if not (m.type == "bind" and _engine_file(m.source, bundle, container_id)))
+    # Podman names the container's cgroup after its id, which `--import --name` changes
+    cgroups = requests.cgroups_path.replace(container_id, "{id}")
+    return dataclasses.replace(requests, root_path="rootfs" if own_root else requests.root_path,
+                               host_mounts=mounts, cgroups_path=cgroups)
