@@ -20,6 +20,7 @@ import pytest
 
 from torpor.formats import state as container_state
 
+from .support.netns import NetNS
 from .support.podman import Podman
 from .support.workload import COUNTER
 
@@ -32,8 +33,9 @@ MakePodman = Callable[..., Podman]
 def podman(torpor_bin: Path, test_image: dict[str, object]) -> Iterator[MakePodman]:
     made: list[Podman] = []
 
-    def make(name: str = "a", policy: str = "", runtime: Path | None = None) -> Podman:
-        instance = Podman(name, torpor_bin, Path(str(test_image["tar"])), policy, runtime)
+    def make(name: str = "a", policy: str = "", runtime: Path | None = None,
+             netns: str | None = None) -> Podman:
+        instance = Podman(name, torpor_bin, Path(str(test_image["tar"])), policy, runtime, netns)
         made.append(instance)
         return instance
 
@@ -80,6 +82,26 @@ def test_checkpoint_and_restore_on_this_node_keep_the_state(podman: MakePodman) 
     assert resumed >= before  # from where it was, not from zero
     pm.wait_counter_above("web", resumed + 3)
     assert pm("exec", "web", "cat", "/root/f").stdout == "kept\n"
+
+
+def test_restore_into_podmans_new_network_namespace(podman: MakePodman) -> None:
+    """On Podman's default network (its bridge, in a namespace of the test's), a restore gets a
+    network namespace Podman made for it, not the one checkpointed: the node's own, not the
+    checkpoint's request. The server listens again there."""
+    netns = NetNS("torpor-pm")
+    pm = podman(netns=netns.path)
+    try:
+        pm.run("web", f"kvserver 7000 & {COUNTER}")
+        before = pm.wait_counter_above("web", 10)
+        pm("container", "checkpoint", "web")
+        pm("container", "restore", "web")
+        assert pm.counter("web") >= before
+        address = pm("inspect", "-f", "{{.NetworkSettings.IPAddress}}", "web").stdout.strip()
+        assert netns.run("busybox", "sh", "-c", f"echo PING | busybox nc -w5 {address} 7000"
+                         ).stdout == "PONG\n"
+    finally:
+        pm.close()  # while its namespace is there
+        netns.delete()
 
 
 def test_export_and_import_on_this_node(podman: MakePodman, tmp_path: Path) -> None:

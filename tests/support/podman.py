@@ -26,7 +26,7 @@ def available() -> bool:
 
 class Podman:
     def __init__(self, name: str, torpor_bin: Path, image_tar: Path, policy: str = "",
-                 runtime: Path | None = None) -> None:
+                 runtime: Path | None = None, netns: str | None = None) -> None:
         # Podman refuses a run root longer than 50 characters: a short directory of its own
         self.root = Path(tempfile.mkdtemp(prefix=f"torpor-pm-{name}-", dir="/var/tmp"))
         self.config = self.root / "torpor.toml"
@@ -34,8 +34,12 @@ class Podman:
         self.set_policy(policy)
         self.torpor_runc = torpor_bin / "torpor-runc"
         self.runtime = runtime or self.root / "runtime" / "torpor-runc"
-        self.base = ["podman", "--root", str(self.root / "root"), "--runroot",
-                     str(self.root / "run"), "--tmpdir", str(self.root / "tmp"),
+        # in a network namespace of the test's (nsenter: the mount namespace stays the host's,
+        # where Podman keeps its own network namespaces), Podman's bridge stays in there
+        self.netns = netns
+        self.base = [*(["nsenter", f"--net={netns}"] if netns else []), "podman",
+                     "--root", str(self.root / "root"), "--runroot", str(self.root / "run"),
+                     "--tmpdir", str(self.root / "tmp"),
                      "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs",
                      "--events-backend", "file", "--runtime", str(self.runtime)]
         self("load", "-q", "-i", str(image_tar))  # an OCI archive named IMAGE
@@ -65,7 +69,9 @@ class Podman:
         return result
 
     def run(self, name: str, command: str, *options: str) -> str:
-        return self("run", "-d", "--name", name, "--network", "none", "--ulimit",
+        """A container on no network, or on Podman's default one (its bridge) in `netns`."""
+        network = [] if self.netns else ["--network", "none"]
+        return self("run", "-d", "--name", name, *network, "--ulimit",
                     "nofile=1024:1024", "--ulimit", "nproc=1024:1024", *options, IMAGE, "sh",
                     "-c", command).stdout.strip()
 
@@ -90,6 +96,8 @@ class Podman:
         return self("ps", "-a", "--format", "{{.Names}}").stdout.split()
 
     def close(self) -> None:
+        if not self.root.exists():
+            return
         self("rm", "-f", "-a", "-t", "0", check=False)
         for pid in self._conmons():
             try:

@@ -28,6 +28,7 @@ STORAGE_DRIVER = "overlay"
 CONTAINERS_JSON = "containers.json"
 ENGINE_FILES = frozenset({"hosts", "hostname", "resolv.conf", ".containerenv"})  # in runroot
 BUNDLE_FILES = frozenset({"shm"})                                                 # in the bundle
+NETNS_DIR = "/run/netns"
 _MAX_RECORD = 64 << 20
 _HEX = frozenset("0123456789abcdef")
 
@@ -80,10 +81,46 @@ def _engine_file(source: str, bundle: str, container_id: str) -> bool:
             and os.path.basename(containers) == f"{STORAGE_DRIVER}-containers")
 
 
-def requests_of(spec: OciSpec, bundle: str, container_id: str) -> SpecRequests:
+def _podman_netns_name(path: str) -> bool:
+    """`/run/netns/netns-XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX`: where rootful Podman (its
+    netavark or CNI setup) makes a container's network namespace."""
+    directory, name = os.path.split(path)
+    parts = name.split("-")
+    return (directory == NETNS_DIR and len(parts) == 6 and parts[0] == "netns"
+            and [len(p) for p in parts[1:]] == [8, 4, 4, 4, 12]
+            and all(set(p) <= _HEX for p in parts[1:]))
+
+
+def fresh_netns(path: str) -> bool:
+    """A network namespace made for this restore: Podman's name for one, a namespace file
+    (not our own namespace) that no process is in yet."""
+    if not _podman_netns_name(path):
+        return False
+    try:
+        target = os.stat(path)
+        if target.st_ino == os.stat("/proc/self/ns/net").st_ino:
+            return False
+    except OSError:
+        return False
+    if os.stat(os.path.dirname(path)).st_dev == target.st_dev:
+        return False  # a plain file, not a namespace bound there
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ns = os.stat(f"/proc/{entry}/ns/net")
+            except OSError:
+                continue
+            if (ns.st_dev, ns.st_ino) == (target.st_dev, target.st_ino):
+                return False
+    return True
+
+
+def requests_of(spec: OciSpec, bundle: str, container_id: str,
+                restoring: bool = False) -> SpecRequests:
     """The spec's requests (SpecRequests.of), less what the container's own engine made for
     it on this node: a root and files of the container's own in containers/storage (the root
-    then reads as the bundle's, which it is in all but place)."""
+    then reads as the bundle's, which it is in all but place) and, Podman's network namespace:
+    at checkpoint time the one the container is in, when `restoring` only a fresh one."""
     requests = SpecRequests.of(spec)
     place = storage_layer(bundle, container_id)
     if place is None:
@@ -91,7 +128,12 @@ def requests_of(spec: OciSpec, bundle: str, container_id: str) -> SpecRequests:
     own_root = _engine_root(requests.root_path, place)
     mounts = tuple(m for m in requests.host_mounts
                    if not (m.type == "bind" and _engine_file(m.source, bundle, container_id)))
+    namespaces = tuple(
+        ns for ns in requests.namespaces
+        if not (ns.type == "network" and _podman_netns_name(ns.path)
+                and (not restoring or fresh_netns(ns.path))))
     # Podman names the container's cgroup after its id, which `--import --name` changes
     cgroups = requests.cgroups_path.replace(container_id, "{id}")
     return dataclasses.replace(requests, root_path="rootfs" if own_root else requests.root_path,
-                               host_mounts=mounts, cgroups_path=cgroups)
+                               host_mounts=mounts, namespaces=namespaces,
+                               cgroups_path=cgroups)

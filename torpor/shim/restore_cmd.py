@@ -121,7 +121,7 @@ def run(ctx: Context) -> int:
     state = read_state(image_path)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
     # what Podman made for the container itself (its root, its files) is not the checkpoint's
-    requests = own_engine.requests_of(config, bundle, container_id)
+    requests = own_engine.requests_of(config, bundle, container_id, restoring=True)
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
         state is not None and bool(state.spec_seal) and any(
             restore_policy.sealed_here(restore_policy.node_key(ctx.cfg), sealed_requests,
