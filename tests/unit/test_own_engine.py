@@ -23,6 +23,9 @@ def storage(tmp_path: Path, layer: str = LAYER) -> tuple[Path, Path, Path]:
     bundle.mkdir(parents=True)
     (graphroot / "overlay-containers" / "containers.json").write_text(
         json.dumps([{"id": OTHER, "layer": LAYER}, {"id": ID, "layer": layer}]))
+    (runroot / "overlay-layers").mkdir(parents=True)
+    (runroot / "overlay-layers" / "mountpoints.json").write_text(json.dumps(
+        [{"id": layer, "path": f"{graphroot}/overlay/{layer}/merged", "count": 1}]))
     return graphroot, runroot, bundle
 
 
@@ -56,7 +59,9 @@ def test_what_is_not_this_containers_own_stays_a_request(tmp_path: Path) -> None
     graphroot, runroot, bundle = storage(tmp_path)
     theirs = runroot / "overlay-containers" / OTHER / "userdata"
     ours = runroot / "overlay-containers" / ID / "userdata"
+    elsewhere = tmp_path / "other-storage" / "run" / "overlay-containers" / ID / "userdata"
     binds = {"/etc/hosts": f"{theirs}/hosts",                       # another container's
+             "/etc/resolv.conf": f"{elsewhere}/resolv.conf",         # another storage's
              "/etc/passwd": f"{ours}/passwd",                       # not a file Podman makes
              "/etc/hostname": f"{ours}/../../../../etc/hostname",   # out of the directory
              "/x": f"{bundle}/hosts", "/y": "/etc/shadow"}

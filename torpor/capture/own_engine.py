@@ -1,16 +1,20 @@
 """What a container's own engine made for it on this node, told apart from what its spec asks.
 
 Podman (containers/storage, overlay driver) gives every container a root and a few files of its
-own, and writes their paths into the spec it hands torpor-runc: the root at
-`<graphroot>/overlay/<layer>/merged`, where `<graphroot>/overlay-containers/containers.json`
-records `<layer>` as this container's; the bundle `<graphroot>/overlay-containers/<id>/userdata`
-with its `shm`; and `<runroot>/overlay-containers/<id>/userdata/{hosts,hostname,resolv.conf,
-.containerenv}`. A restore gets new ones (`podman container restore --import` mounts a new
-layer and makes new files), so they are neither requests of the checkpoint nor part of the
-seal: they are recognised here by their place, for the container id runc is given, and only
-when containers/storage's own record of that container agrees. A checkpoint cannot choose them
-(Podman sets the root and bind-mounts its files itself); a spec that points anything else at a
-host path, or one of these places at another container's files, keeps it as a request.
+own, and writes their paths into the spec it hands torpor-runc:
+- the root at `<graphroot>/overlay/<layer>/merged`, where
+  `<graphroot>/overlay-containers/containers.json` records `<layer>` as this container's;
+- the bundle `<graphroot>/overlay-containers/<id>/userdata`, with its `shm`;
+- `<runroot>/overlay-containers/<id>/userdata/{hosts,hostname,resolv.conf,.containerenv}`,
+  where `<runroot>/overlay-layers/mountpoints.json` has that very layer mounted;
+- on its default network, a namespace `/run/netns/netns-<uuid>`; at restore, a fresh one.
+A restore gets new ones (`podman container restore --import` mounts a new layer and makes new
+files; every restore on a bridge gets a new namespace), so they are neither requests of the
+checkpoint nor part of the seal: they are recognised here by their place, for the container id
+runc is given, and only where containers/storage's own records of that container agree. A
+checkpoint cannot choose them (Podman sets the root, the namespace and its files itself); a spec
+that points anything else at a host path, or one of these places at another container's or
+another storage's files, keeps it as a request.
 
 Stdlib only: torpor-runc imports it.
 """
@@ -50,11 +54,7 @@ def storage_layer(bundle: str, container_id: str) -> tuple[str, str] | None:
     if leaf != "userdata" or ctr != container_id or kind != f"{STORAGE_DRIVER}-containers" \
             or os.path.realpath(userdata) != userdata:
         return None
-    try:
-        with open(os.path.join(containers, CONTAINERS_JSON), "rb") as f:
-            records = json.loads(f.read(_MAX_RECORD))
-    except (OSError, ValueError):
-        return None
+    records = _read_json(os.path.join(containers, CONTAINERS_JSON))
     for record in records if isinstance(records, list) else []:
         if isinstance(record, dict) and record.get("id") == container_id:
             layer = record.get("layer")
@@ -69,7 +69,25 @@ def _engine_root(root: str, place: tuple[str, str] | None) -> bool:
     return os.path.normpath(root) == os.path.join(graphroot, STORAGE_DRIVER, layer, "merged")
 
 
-def _engine_file(source: str, bundle: str, container_id: str) -> bool:
+def _read_json(path: str) -> object:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read(_MAX_RECORD))
+    except (OSError, ValueError):
+        return None
+
+
+def _runroot_of(runroot: str, place: tuple[str, str]) -> bool:
+    """Whether `runroot` is the run root of the storage whose layer `place` is: its record of
+    mounted layers has that layer mounted at the graph root's place for it."""
+    graphroot, layer = place
+    merged = os.path.join(graphroot, STORAGE_DRIVER, layer, "merged")
+    mounts = _read_json(os.path.join(runroot, f"{STORAGE_DRIVER}-layers", "mountpoints.json"))
+    return any(isinstance(m, dict) and m.get("id") == layer and m.get("path") == merged
+               for m in (mounts if isinstance(mounts, list) else []))
+
+
+def _engine_file(source: str, bundle: str, container_id: str, place: tuple[str, str]) -> bool:
     if not source.startswith("/") or os.path.normpath(source) != source:
         return False
     directory, name = os.path.split(source)
@@ -77,8 +95,9 @@ def _engine_file(source: str, bundle: str, container_id: str) -> bool:
         return name in BUNDLE_FILES
     ctr_dir, leaf = os.path.split(directory)
     containers, ctr = os.path.split(ctr_dir)
+    runroot, kind = os.path.split(containers)
     return (name in ENGINE_FILES and leaf == "userdata" and ctr == container_id
-            and os.path.basename(containers) == f"{STORAGE_DRIVER}-containers")
+            and kind == f"{STORAGE_DRIVER}-containers" and _runroot_of(runroot, place))
 
 
 def _podman_netns_name(path: str) -> bool:
@@ -126,8 +145,8 @@ def requests_of(spec: OciSpec, bundle: str, container_id: str,
     if place is None:
         return requests
     own_root = _engine_root(requests.root_path, place)
-    mounts = tuple(m for m in requests.host_mounts
-                   if not (m.type == "bind" and _engine_file(m.source, bundle, container_id)))
+    mounts = tuple(m for m in requests.host_mounts if not (
+        m.type == "bind" and _engine_file(m.source, bundle, container_id, place)))
     namespaces = tuple(
         ns for ns in requests.namespaces
         if not (ns.type == "network" and _podman_netns_name(ns.path)
