@@ -1,14 +1,16 @@
 """Podman with torpor-runc, on storage of its own: every instance has its own --root, --runroot
-and --tmpdir under one short temporary directory, cgroupfs, file events, and a torpor config of its own (its
-state dir and image store, hence its own node key: one instance is one node). Podman does not
-pass its environment to the runtime, so the instance's runtime is a two-line launcher that sets
-TORPOR_CONFIG and runs torpor-runc (one launcher may serve two nodes: Podman restores an archive
-only with the runtime path that checkpointed it). close() removes every container it made, ends any conmon
-left of them by pid, unmounts what Podman mounted under its directory and removes it.
+and --tmpdir under one short temporary directory, cgroupfs, file events, and a torpor config of
+its own (its state dir and image store, hence its own node key: one instance is one node).
+Podman does not pass its environment to the runtime, so the instance's runtime is a two-line
+launcher that sets TORPOR_CONFIG and runs torpor-runc (one launcher may serve two nodes: Podman
+restores an archive only with the runtime path that checkpointed it). close() removes every
+container it made, waits for conmon and the cleanups it starts, ends what is left of them by
+pid, unmounts what Podman mounted under its directory and removes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -99,17 +101,24 @@ class Podman:
         if not self.root.exists():
             return
         self("rm", "-f", "-a", "-t", "0", check=False)
-        for pid in self._conmons():
+        # conmon runs `podman container cleanup` when a container ends, after rm returned: it
+        # would make the storage again; wait for them, then end what is left, by pid
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: not self._processes(), timeout=10, what="conmon and its cleanup")
+        for pid in self._processes():
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
                 pass
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: not self._processes(), timeout=5, what="the ended processes")
         for target in sorted(self._mounts(), key=len, reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _conmons(self) -> list[int]:
-        """conmon processes of this instance (their command lines name its directories)."""
+    def _processes(self) -> list[int]:
+        """conmon, and the Podman cleanups it starts, of this instance (their command lines
+        name its directories)."""
         found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -119,8 +128,8 @@ class Podman:
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if argv and os.path.basename(argv[0]) == b"conmon" and \
-                    any(str(self.root).encode() in a for a in argv):
+            if argv and os.path.basename(argv[0]) in (b"conmon", b"podman") and \
+                    int(entry) != os.getpid() and any(str(self.root).encode() in a for a in argv):
                 found.append(int(entry))
         return found
 
