@@ -3,7 +3,9 @@
 The steps, in order:
 
  1. check the restore-time spec against this node's restore policy (capture.restore_policy):
-    exactly what `torpor restore` granted (its record), or else what the policy allows alone;
+    exactly what `torpor restore` granted (its record), requests this node sealed at checkpoint
+    time, or else what the policy allows alone; what Podman made for the container itself (its
+    root, its files, a fresh network namespace: capture.own_engine) is not a request;
     then write torpor's hooks into it, this node's own (createRuntime and poststop);
  2. read torpor-state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
