@@ -54,8 +54,10 @@ def userdata(pm: Podman, name: str) -> Path:
 def edit_spec(archive: Path, edit: Callable[[dict[str, object]], None]) -> None:
     """Rewrite the spec (spec.dump) inside a Podman checkpoint archive (uncompressed tar)."""
     with tarfile.open(archive) as tar:
-        members = [(m, tar.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
-                   for m in tar.getmembers()]
+        members = []
+        for member in tar.getmembers():
+            f = tar.extractfile(member) if member.isfile() else None
+            members.append((member, f.read() if f else None))
     with tarfile.open(archive, "w") as tar:
         for member, data in members:
             if member.name == "spec.dump":
