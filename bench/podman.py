@@ -10,8 +10,8 @@ docker-registry. Round 0 is a warm-up, thrown away; medians.
 
     python -m bench.podman [--sizes 64,512] [--rounds 3]
 
-Podman is not one of torpor's dependencies: install it (Debian: `apt-get install podman`) to
-run this benchmark; without it, it says so and exits 2.
+Podman is not one of torpor's runtime dependencies; `make deps` installs it for the tests
+(tests/test_podman.py) and this benchmark, which without it says so and exits 2.
 """
 
 from __future__ import annotations

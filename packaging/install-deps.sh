@@ -50,7 +50,8 @@ die() { log "error: $*"; exit 1; }
 
 RUNTIME_PKGS=(containerd runc docker-registry busybox-static skopeo iproute2 iptables
               apache2-utils openssl ca-certificates gcc make python3-venv python3-dev tar)
-TEST_PKGS=(containernetworking-plugins libseccomp-dev pkg-config)   # CNI for CRI tests; runc's cgo
+TEST_PKGS=(containernetworking-plugins libseccomp-dev pkg-config   # CNI for CRI tests; runc's cgo
+           podman fuse-overlayfs slirp4netns uidmap netavark aardvark-dns catatonit)  # test_podman
 CRIU_BUILD_PKGS=(libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev libcap-dev
                  libbsd-dev libnftables-dev libgnutls28-dev uuid-dev pkg-config python3-protobuf
                  gcc make)

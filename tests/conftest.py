@@ -33,7 +33,7 @@ from .support.world import world as make_world
 REPO = Path(__file__).resolve().parent.parent
 IMAGE = "localhost/torpor-test/busybox:1"
 REQUIRED = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "criu", "docker-registry",
-            "skopeo", "gcc", "ip", "iptables")
+            "skopeo", "gcc", "ip", "iptables", "podman")
 
 
 def require_real_components() -> None:

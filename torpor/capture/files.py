@@ -64,11 +64,11 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
     from torpor.errors import RestoreError
 
     diff = os.path.join(image_path, names.IMAGE_DIR_ROOTFS_DIFF)
-    if files.rootfs and os.path.exists(diff):
-        root = (spec.get("root") or {}).get("path") or "rootfs"
-        if root != "rootfs":
-            raise RestoreError(f"the spec puts the container's root at {root!r}, not the "
-                               "bundle's rootfs: the read-write layer is not written there")
+    root = (spec.get("root") or {}).get("path") or "rootfs"
+    # a root elsewhere passed the policy only as the node's own engine's (Podman's storage):
+    # that engine keeps the container's read-write layer itself (and brings its own diff back
+    # with `podman container restore --import`); torpor's copy is not written over it
+    if files.rootfs and os.path.exists(diff) and root == "rootfs":
         archive.extract(diff, os.path.join(bundle, root), mode="layer", devices=devices,
                         limits=limits)
     sources = {str(m.get("destination", "")).rstrip("/") or "/": m.get("source")

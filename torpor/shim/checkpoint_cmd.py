@@ -131,7 +131,8 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         network = netns.capture(config, pid)
         tree = processes.process_tree(cgroup.pids())
         timings["network_s"] = time.monotonic() - t
-        seal = seal_of(ctx, config)  # before the freeze: nothing in it may wait on torpor
+        # before the freeze: nothing in it may wait on torpor
+        seal = seal_of(ctx, config, bundle, container_id)
 
         # 4. freeze, 5. files, 6. runc checkpoint; thawed as soon as runc is done
         guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
@@ -247,13 +248,14 @@ def _mark(containerd_dir: str, checkpoint_id: str) -> None:
         f.write(checkpoint_id + "\n")
 
 
-def seal_of(ctx: Context, config: OciSpec) -> str:
+def seal_of(ctx: Context, config: OciSpec, bundle: str, container_id: str) -> str:
     """This node's seal over the spec's requests, so that the node itself (nerdctl restoring its
-    own container, ctr restoring a checkpoint taken here) is not refused what it already ran."""
-    from torpor.capture import restore_policy
-    from torpor.formats.spec_requests import SpecRequests
+    own container, ctr restoring a checkpoint taken here, Podman its own) is not refused what
+    it already ran; what Podman made for the container itself is not among the requests."""
+    from torpor.capture import own_engine, restore_policy
 
-    return restore_policy.seal(restore_policy.node_key(ctx.cfg), SpecRequests.of(config))
+    return restore_policy.seal(restore_policy.node_key(ctx.cfg),
+                               own_engine.requests_of(config, bundle, container_id))
 
 
 @dataclass(frozen=True)

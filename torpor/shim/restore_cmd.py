@@ -3,7 +3,9 @@
 The steps, in order:
 
  1. check the restore-time spec against this node's restore policy (capture.restore_policy):
-    exactly what `torpor restore` granted (its record), or else what the policy allows alone;
+    exactly what `torpor restore` granted (its record), requests this node sealed at checkpoint
+    time, or else what the policy allows alone; what Podman made for the container itself (its
+    root, its files, a fresh network namespace: capture.own_engine) is not a request;
     then write torpor's hooks into it, this node's own (createRuntime and poststop);
  2. read torpor-state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
@@ -33,7 +35,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from torpor.capture import files, netns, pod, records, restore_policy
+from torpor.capture import files, netns, own_engine, pod, records, restore_policy
 from torpor.capture.freezer import Cgroup
 from torpor.errors import FormatError, RestoreError
 from torpor.formats import annotations as ann
@@ -120,10 +122,13 @@ def run(ctx: Context) -> int:
     config = spec.load(bundle)
     state = read_state(image_path)
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
-    requests = SpecRequests.of(config)
+    # what Podman made for the container itself (its root, its files) is not the checkpoint's
+    requests = own_engine.requests_of(config, bundle, container_id, restoring=True)
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
-        state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
-            restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
+        state is not None and bool(state.spec_seal) and any(
+            restore_policy.sealed_here(restore_policy.node_key(ctx.cfg), sealed_requests,
+                                       state.spec_seal)
+            for sealed_requests in {requests, SpecRequests.of(config)}))  # and older seals
     work = granting_work_dir(ctx)
     policy = restore_policy.RestorePolicy.of(ctx.cfg)
     own = restore_policy.check_in_runtime(requests, policy,
