@@ -195,7 +195,7 @@ def test_an_archive_from_another_node_meets_the_policy(podman: MakePodman,
     assert a.state("web") != "running"
     a("rm", "web")
 
-    # what else it asks for: the annotations Podman writes that the node acts on (CRI-O's)
+    # and any annotation it carries that the node acts on (none of Podman's own are)
     allowed = sorted(set(re.findall(r'\[restore\] annotations = \[\\*"([^"\\]+)',
                                     refused.stderr)))
     a.set_policy(f'[restore]\nmount_sources = ["{volume}"]\n'

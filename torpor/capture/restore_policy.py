@@ -207,7 +207,6 @@ _ACTED_ON_BY = {
     "io.containerd.": "containerd's shims act on",
     "io.kubernetes.cri.sandbox-id": "containerd's runc shim groups containers by",
     "io.katacontainers.": "Kata acts on (host paths, hypervisor)",
-    "io.kubernetes.cri-o.": "CRI-O acts on",
     "io.torpor.restore.": "torpor-runc restore acts on (give the restore option instead)",
 }
 

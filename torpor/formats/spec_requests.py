@@ -42,7 +42,6 @@ ACTED_ON_ANNOTATIONS = (
     "io.containerd.",                 # containerd's shims: grouping, runtime options
     "io.kubernetes.cri.sandbox-id",   # containerd's runc shim groups containers by it
     "io.katacontainers.",             # Kata: hypervisor, kernel, paths on the host
-    "io.kubernetes.cri-o.",           # CRI-O
     "io.torpor.restore.",             # torpor-runc restore: add addresses to a namespace
 )
 NAMESPACES = ("mount", "pid", "ipc", "uts", "network")  # a container has its own of each
