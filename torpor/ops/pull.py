@@ -1,7 +1,8 @@
 """`torpor pull REF`: a checkpoint image from a registry into the local store (or an OCI layout
 with -o DIR).
 
-Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint
+Steps: 1. fetch the index and check its signatures against the node's policy (torpor.signing),
+then the manifests and metadata, and check that it is a torpor checkpoint
 within the limits of `[restore]`, that the decryption keys (if any) open every encrypted layer
 and that the layers fit on disk; 2. link the layers some image of the store already holds
 (packs of earlier generations) and download the others (in parallel, resuming dropped
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torpor import signing
 from torpor.config import Config
 from torpor.image import encrypt_layout, unpack
 from torpor.image.encryption_keys import DecryptionKey
@@ -45,7 +47,10 @@ class PullResult:
 def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess = NO_CREDENTIALS,
          progress: Progress = SILENT, keys: Sequence[DecryptionKey] = ()) -> PullResult:
     store = Store(cfg.image_store)
-    with fetch_metadata(ref, registry_options(cfg, ref, access)) as plan:
+    signed: list[signing.SignatureCheck] = []   # checked on the index, first
+    with fetch_metadata(ref, registry_options(cfg, ref, access),
+                        signing.checker(cfg, ref, signed)) as plan:
+        progress.step(signed[0].describe())
         image = image_of_plan(plan, unpack.ImageLimits.of(cfg))
         if keys:
             unpack.check_keys(image, keys)
