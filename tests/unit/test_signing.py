@@ -146,3 +146,22 @@ def test_the_node_remembers_the_images_it_made(tmp_path: Path) -> None:
     own.record(str(tmp_path), DIGEST)
     assert own.made_here(str(tmp_path), DIGEST) and not own.made_here(str(tmp_path), OTHER)
     assert not own.made_here(str(tmp_path), "sha256:../../etc")
+
+
+def test_a_signature_cosign_made_verifies_and_torpor_writes_the_same_documents(
+        tmp_path: Path) -> None:
+    """cosign 2.6.5's own `.sig` manifest, config and payload (tests/unit/data): torpor
+    verifies the signature, and writes the same three documents byte for byte around it."""
+    sample = json.loads((Path(__file__).parent / "data" / "cosign_signature.json").read_text())
+    (tmp_path / "cosign.pub").write_text(sample["public_key"])
+    trusted = load_trusted_key(str(tmp_path / "cosign.pub"))
+    manifest = json.loads(sample["manifest"])
+    [(layer, signature)] = signature_layers(manifest)
+    payload = sample["payload"].encode()
+    assert layer["digest"] == sha256_digest(payload)
+    signed = SignatureLayer(payload, signature)
+    assert status_of(signed, sample["image_digest"], [trusted]).verified_by == trusted.describe()
+    assert status_of(signed, OTHER, [trusted]).verified_by is None
+    assert make_payload(json.loads(payload)["critical"]["identity"]["docker-reference"],
+                        sample["image_digest"]) == payload
+    assert signature_manifest([signed]) == (sample["config"].encode(), sample["manifest"].encode())
