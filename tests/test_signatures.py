@@ -281,10 +281,11 @@ def test_off_ignores_signatures(sig_nodes: SigningNodes, images: dict[str, Any],
 # cosign and skopeo ---------------------------------------------------------------------------
 
 
-def cosign(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HOME": str(home), "COSIGN_PASSWORD": "test-password",
-           "SIGSTORE_NO_CACHE": "1", "TUF_ROOT": str(home / "tuf")}
-    return run(str(ecosystem.tool("cosign")), *args, env=env, cwd=home, check=check)
+def cosign(home: Path, *args: str, check: bool = True,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "HOME": str(home), "COSIGN_PASSWORD": "test-password",
+                   "SIGSTORE_NO_CACHE": "1", "TUF_ROOT": str(home / "tuf"), **(env or {})}
+    return run(str(ecosystem.tool("cosign")), *args, env=environment, cwd=home, check=check)
 
 
 INSECURE = ["--allow-insecure-registry", "--allow-http-registry"]
@@ -320,6 +321,19 @@ def test_torpor_verifies_what_cosign_signs(sig_nodes: SigningNodes, registry: Re
     assert f"verified by {tmp_path / 'cosign.pub'}" in out.stdout + out.stderr
     report = json.loads(torpor(b, "inspect", ref, "--json").stdout)["signatures"]
     assert report["verified_by"] and len(report["signatures"]) == 1
+    # signed as an OCI 1.1 referrer only (docker-registry 2.8 has no referrers API: cosign
+    # keeps an index of them under the tag sha256-<hex>)
+    referred = f"{registry.host}/team/by-cosign-referrer:ckpt-1"
+    torpor(a, "push", images["refs"]["unsigned"], referred)
+    cosign(tmp_path, "sign", "--key", str(tmp_path / "cosign.key"), "--tlog-upload=false",
+           "--yes", "--registry-referrers-mode=oci-1-1", *INSECURE,
+           referred.rsplit(":", 1)[0] + "@" + images["digests"]["unsigned"],
+           env={"COSIGN_EXPERIMENTAL": "1"})
+    tags = run("skopeo", "list-tags", "--tls-verify=false",
+               f"docker://{referred.rsplit(':', 1)[0]}").stdout
+    assert signature_tag(images["digests"]["unsigned"]) not in tags
+    out = torpor(b, "pull", referred, "-o", str(tmp_path / "referred"))
+    assert f"verified by {tmp_path / 'cosign.pub'}" in out.stdout + out.stderr
 
 
 @pytest.fixture

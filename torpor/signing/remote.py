@@ -1,7 +1,10 @@
 """Signatures in a registry, where cosign keeps them: the `sha256-<hex>.sig` tag of the signed
-image's repository (payload.py says what it holds).
+image's repository (payload.py says what it holds), and OCI 1.1 referrers of the image of
+artifact type `application/vnd.dev.cosign.artifact.sig.v1+json` (cosign's
+`--registry-referrers-mode=oci-1-1`): the registry's referrers API, else the referrers tag
+`sha256-<hex>` that registries without one are given (an index of the referrers).
 
-`read_signatures` fetches that manifest and its payload blobs (each at most 64 KiB,
+`read_signatures` fetches those manifests and their payload blobs (each at most 64 KiB,
 digest-checked): a few small requests, nothing of the image itself. `write_signature` adds one
 signature to it: the signatures other keys made stay, an older one by the same key over the same
 digest is replaced.
@@ -13,9 +16,10 @@ import base64
 import binascii
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -32,6 +36,7 @@ from torpor.registry.session import RegistrySession
 from torpor.signing.keys import SigningKey, TrustedKey
 from torpor.signing.payload import (
     MAX_PAYLOAD_BYTES,
+    MAX_SIGNATURES,
     PAYLOAD_MEDIA_TYPE,
     SignatureLayer,
     make_payload,
@@ -41,13 +46,15 @@ from torpor.signing.payload import (
 )
 
 SIGNATURE_MANIFEST_LIMIT = 1 << 20
+SIGNATURE_ARTIFACT_TYPE = "application/vnd.dev.cosign.artifact.sig.v1+json"
+_NO_REFERRERS_API = (400, 404, 405, 501)
 
 
 @dataclass(frozen=True)
 class FoundSignatures:
     """What the `.sig` tag of a digest holds: readable signatures, and why others are not."""
 
-    where: str                                      # repository:tag
+    where: str                                      # repository:tag (and referrers)
     layers: list[SignatureLayer] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     manifest: dict[str, Any] | None = None           # None: no `.sig` tag
@@ -64,20 +71,80 @@ class SignResult:
 
 
 def read_signatures(repo: RepositoryClient, digest: str) -> FoundSignatures:
+    """The `.sig` tag's signatures, then the referrers', each once."""
     tag = signature_tag(digest)
     where = f"{repo.repository}:{tag}"
     try:
         fetched = repo.get_manifest(tag, SIGNATURE_MANIFEST_LIMIT)
     except RegistryError as e:
-        if e.status == 404:
-            return FoundSignatures(where)
-        raise
+        if e.status != 404:
+            raise
+        found = FoundSignatures(where)
+    else:
+        try:
+            document = manifests.parse_manifest(fetched.body, f"signature manifest {where}")
+        except ImageError as e:
+            found = FoundSignatures(where, [], [str(e)], {})
+        else:
+            found = FoundSignatures(where, manifest=document)
+            _read_layers(repo, document, found)
+    referrers = _referrers(repo, digest, found)
+    for referrer in referrers:
+        _read_layers(repo, referrer, found)
+    if referrers:
+        found = replace(found, where=f"{where} and {len(referrers)} OCI 1.1 referrer(s)")
+    return found
+
+
+def _referrers(repo: RepositoryClient, digest: str,
+               found: FoundSignatures) -> list[dict[str, Any]]:
+    """The signature manifests that name `digest` as their subject (OCI 1.1)."""
+    index = _referrers_index(repo, digest)
+    out = []
+    for entry in (index.get("manifests") or [])[:MAX_SIGNATURES]:
+        if not isinstance(entry, dict) or entry.get("artifactType") != SIGNATURE_ARTIFACT_TYPE:
+            continue
+        child = entry.get("digest")
+        try:
+            fetched = repo.get_manifest(str(child), SIGNATURE_MANIFEST_LIMIT,
+                                        expected_digest=str(child))
+            document = manifests.parse_manifest(fetched.body, f"signature referrer {child}")
+        except (RegistryError, ImageError) as e:
+            found.unreadable.append(f"referrer {child}: {e}")
+            continue
+        if (document.get("subject") or {}).get("digest") == digest:
+            out.append(document)
+    return out
+
+
+def _referrers_index(repo: RepositoryClient, digest: str) -> dict[str, Any]:
+    url = repo.session.url(f"/v2/{repo.repository}/referrers/{digest}?" +
+                           urlencode({"artifactType": SIGNATURE_ARTIFACT_TYPE}))
     try:
-        document = manifests.parse_manifest(fetched.body, f"signature manifest {where}")
-    except ImageError as e:
-        return FoundSignatures(where, [], [str(e)], {})
-    found = FoundSignatures(where, manifest=document)
+        response = repo.session.request("GET", url, ok=(200,), scope=repo.pull_scope,
+                                        what=f"GET referrers of {repo.repository}@{digest}",
+                                        headers={"Accept": mediatypes.OCI_INDEX})
+        body = response.read_limited(SIGNATURE_MANIFEST_LIMIT)
+    except RegistryError as e:
+        if e.status not in _NO_REFERRERS_API:
+            raise
+        try:   # the referrers tag schema, for registries without the API
+            body = repo.get_manifest(digest.replace(":", "-", 1), SIGNATURE_MANIFEST_LIMIT).body
+        except RegistryError as e:
+            if e.status == 404:
+                return {}
+            raise
+    try:
+        return manifests.parse_manifest(body, f"referrers of {digest}")
+    except ImageError:
+        return {}
+
+
+def _read_layers(repo: RepositoryClient, document: dict[str, Any], found: FoundSignatures) -> None:
+    seen = {(layer.digest, layer.signature_b64) for layer in found.layers}
     for layer, signature in signature_layers(document):
+        if (layer.get("digest"), signature) in seen:
+            continue
         digest_of, size = layer.get("digest"), layer.get("size")
         if not isinstance(digest_of, str) or not isinstance(size, int) or \
                 not 0 <= size <= MAX_PAYLOAD_BYTES:
@@ -91,7 +158,6 @@ def read_signatures(repo: RepositoryClient, digest: str) -> FoundSignatures:
             found.unreadable.append(f"layer {digest_of}: {e}")
             continue
         found.layers.append(SignatureLayer(body, signature))
-    return found
 
 
 def decode_signature(layer: SignatureLayer) -> bytes | None:
