@@ -334,6 +334,16 @@ def test_torpor_verifies_what_cosign_signs(sig_nodes: SigningNodes, registry: Re
     assert signature_tag(images["digests"]["unsigned"]) not in tags
     out = torpor(b, "pull", referred, "-o", str(tmp_path / "referred"))
     assert f"verified by {tmp_path / 'cosign.pub'}" in out.stdout + out.stderr
+    # torpor signs with cosign's own cosign.key (its password in COSIGN_PASSWORD)
+    by_key = f"{registry.host}/team/torpor-cosign-key:ckpt-1"
+    pushed = subprocess.run([str(a.bin_dir / "torpor"), "push", images["refs"]["signed"], by_key,
+                             "--sign", str(tmp_path / "cosign.key")], capture_output=True,
+                            text=True, timeout=300,
+                            env={**a.env, "COSIGN_PASSWORD": "test-password"})
+    assert pushed.returncode == 0 and "signed in" in pushed.stdout, pushed.stderr
+    cosign(tmp_path, "verify", "--key", str(tmp_path / "cosign.pub"),
+           "--insecure-ignore-tlog=true", *INSECURE,
+           by_key.rsplit(":", 1)[0] + "@" + images["digests"]["signed"])
 
 
 @pytest.fixture

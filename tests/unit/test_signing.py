@@ -116,7 +116,9 @@ def test_sec1_and_encrypted_pkcs8_keys_load(tmp_path: Path, monkeypatch: pytest.
     assert load_signing_key(str(locked)).id
 
 
-def test_keys_torpor_cannot_use_are_refused_in_words(tmp_path: Path) -> None:
+def test_keys_torpor_cannot_use_are_refused_in_words(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COSIGN_PASSWORD", "x")
     p384, p384_pub = write_key(tmp_path, "p384", curve=ec.SECP384R1())
     with pytest.raises(ConfigError, match="not an ECDSA P-256 key"):
         load_signing_key(str(p384))
@@ -125,7 +127,7 @@ def test_keys_torpor_cannot_use_are_refused_in_words(tmp_path: Path) -> None:
     cosign = tmp_path / "cosign.key"
     cosign.write_text("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\neyJr\n"
                       "-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n")
-    with pytest.raises(ConfigError, match="cosign's own encrypted format"):
+    with pytest.raises(ConfigError, match=r"the cosign key .* is malformed"):
         load_signing_key(str(cosign))
     with pytest.raises(ConfigError, match="is not a PEM public key"):
         load_trusted_key(str(cosign))
@@ -165,3 +167,23 @@ def test_a_signature_cosign_made_verifies_and_torpor_writes_the_same_documents(
     assert make_payload(json.loads(payload)["critical"]["identity"]["docker-reference"],
                         sample["image_digest"]) == payload
     assert signature_manifest([signed]) == (sample["config"].encode(), sample["manifest"].encode())
+
+
+def test_a_cosign_key_signs_with_its_password(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """cosign 2.6.5's own encrypted cosign.key (scrypt, NaCl secretbox) with COSIGN_PASSWORD."""
+    sample = json.loads((Path(__file__).parent / "data" / "cosign_signature.json").read_text())
+    (tmp_path / "cosign.key").write_text(sample["private_key"])
+    (tmp_path / "cosign.pub").write_text(sample["public_key"])
+    monkeypatch.delenv("COSIGN_PASSWORD", raising=False)
+    with pytest.raises(ConfigError, match="is encrypted"):
+        load_signing_key(str(tmp_path / "cosign.key"))
+    monkeypatch.setenv("COSIGN_PASSWORD", "not-it")
+    with pytest.raises(ConfigError, match="COSIGN_PASSWORD does not open the cosign key"):
+        load_signing_key(str(tmp_path / "cosign.key"))
+    monkeypatch.setenv("COSIGN_PASSWORD", sample["private_key_password"])
+    key = load_signing_key(str(tmp_path / "cosign.key"))
+    trusted = load_trusted_key(str(tmp_path / "cosign.pub"))
+    assert key.id == trusted.id
+    payload = make_payload("r/a", DIGEST)
+    assert trusted.verifies(payload, key.sign(payload))

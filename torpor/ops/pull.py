@@ -39,6 +39,7 @@ class PullResult:
     downloaded: int
     bytes_downloaded: int
     encrypted: bool = False        # the layout holds encrypted layers
+    signature: str = ""            # what the signature check found (torpor.signing)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -67,4 +68,5 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
                 encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
         layout = out or str(store.layout(ref))  # switched in: the new copy, whole
     return PullResult(str(result.reference), layout, image.metadata.container.id,
-                      result.downloaded, result.bytes_downloaded, image.encrypted and not keys)
+                      result.downloaded, result.bytes_downloaded, image.encrypted and not keys,
+                      signed[0].describe())

@@ -1,8 +1,9 @@
 """Signing and trusted keys: ECDSA P-256 in PEM files, as openssl and cosign write them.
 
 A signing key is a PEM private key: PKCS#8 (`-----BEGIN PRIVATE KEY-----`, what `openssl
-genpkey` writes) or SEC1 (`-----BEGIN EC PRIVATE KEY-----`), encrypted PKCS#8 with the password
-in COSIGN_PASSWORD. A trusted key is a PEM SubjectPublicKeyInfo (`-----BEGIN PUBLIC KEY-----`,
+genpkey` writes) or SEC1 (`-----BEGIN EC PRIVATE KEY-----`), encrypted PKCS#8, or cosign's own
+encrypted `cosign.key` (cosign_key.py); the password of an encrypted one is in
+COSIGN_PASSWORD. A trusted key is a PEM SubjectPublicKeyInfo (`-----BEGIN PUBLIC KEY-----`,
 what `openssl pkey -pubout` and `cosign generate-key-pair` write as cosign.pub). Signatures are
 ECDSA with SHA-256, DER-encoded, as cosign makes and checks them. A key is named in messages by
 its file and its id: the first 16 hex digits of the SHA-256 of its SubjectPublicKeyInfo (DER).
@@ -19,9 +20,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from torpor.errors import ConfigError
+from torpor.signing import cosign_key
 
 PASSWORD_ENV = "COSIGN_PASSWORD"
-_COSIGN_ENCRYPTED = (b"ENCRYPTED SIGSTORE PRIVATE KEY", b"ENCRYPTED COSIGN PRIVATE KEY")
 
 
 def key_id(public: ec.EllipticCurvePublicKey) -> str:
@@ -83,17 +84,17 @@ def _p256(key: object, path: str, what: str) -> None:
 
 def load_signing_key(path: str) -> SigningKey:
     data = _read(path, "signing key")
-    if any(marker in data for marker in _COSIGN_ENCRYPTED):
-        raise ConfigError(
-            f"the signing key {path} is in cosign's own encrypted format, which torpor does "
-            "not read",
-            hint="sign with a PEM key (openssl genpkey -algorithm EC -pkeyopt "
-                 "ec_paramgen_curve:P-256 -out signing.pem); cosign signs with it too after "
-                 "`cosign import-key-pair --key signing.pem`")
     password = os.environ.get(PASSWORD_ENV)
+    if cosign_key.is_cosign_key(data) and password is None:
+        raise ConfigError(f"the cosign key {path} is encrypted",
+                          hint=f"give its password in {PASSWORD_ENV}")
     try:
-        key = serialization.load_pem_private_key(
-            data, password.encode() if password and b"ENCRYPTED" in data else None)
+        if cosign_key.is_cosign_key(data):
+            key = serialization.load_der_private_key(
+                cosign_key.decrypt(data, password or "", path), None)
+        else:
+            key = serialization.load_pem_private_key(
+                data, password.encode() if password and b"ENCRYPTED" in data else None)
     except TypeError:
         raise ConfigError(f"the signing key {path} is encrypted",
                           hint=f"give its password in {PASSWORD_ENV}") from None
