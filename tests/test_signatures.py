@@ -200,7 +200,7 @@ def test_a_signed_checkpoint_restores_where_its_key_is_trusted(
 @pytest.mark.parametrize("case", ["tampered", "wrong-key", "another-digest"])
 def test_a_signature_that_does_not_verify_is_refused_before_download(
         sig_nodes: SigningNodes, registry: Registry, images: dict[str, Any], keys: Path,
-        case: str) -> None:
+        case: str, tmp_path: Path) -> None:
     b = sig_nodes.b
     trusted = keys / ("stranger.pub" if case == "wrong-key" else "signer.pub")
     sig_nodes.policy("sig-b", "if-present", trusted)
@@ -219,6 +219,9 @@ def test_a_signature_that_does_not_verify_is_refused_before_download(
     assert "trusted_keys" in refused.stderr   # what to do
     pulled = torpor(b, "pull", ref, check=False)
     assert pulled.returncode == 1 and "none verifies" in pulled.stderr
+    archived = torpor(b, "kube", "archive", ref, "-o", str(tmp_path / "kubelet.tar"), check=False)
+    assert archived.returncode == 1 and "none verifies" in archived.stderr
+    assert not (tmp_path / "kubelet.tar").exists()
     assert_nothing_downloaded(sig_nodes, registry, before, images["layers"], ref)
     assert f"sig-{case}" not in b.ctr("containers", "ls", "-q").stdout.split()
 

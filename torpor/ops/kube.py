@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torpor
+from torpor import signing
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
@@ -166,7 +167,10 @@ def _as_directory(source: str, store: Store, cfg: Config, access: RegistryAccess
         return
     if kind is SourceKind.REGISTRY:
         progress.step(f"fetching {source}")
-        with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
+        signed: list[signing.SignatureCheck] = []   # the node's signature policy, first
+        with fetch_metadata(source, registry_options(cfg, source, access),
+                            signing.checker(cfg, source, signed)) as plan:
+            progress.step(signed[0].describe())
             image = image_of_plan(plan)
             layout = str(store.prepare(source))
             plan.download(layout, progress=progress.transfer("downloaded"))

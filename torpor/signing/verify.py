@@ -1,7 +1,8 @@
 """Whether a registry checkpoint is signed by a key this node trusts, and what the node's
 policy makes of it: `[restore] signatures` and `[restore] trusted_keys`.
 
-Checked right after the image's index is fetched, before any other manifest, config or layer
+Checked by `torpor restore`, `torpor pull` and `torpor kube archive|image` of a registry
+image, right after the image's index is fetched, before any other manifest, config or layer
 (registry.fetch_metadata's `check_top`), on the digest that is then pulled:
 
   - "off": signatures are not looked at;
