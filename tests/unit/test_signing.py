@@ -187,3 +187,18 @@ def test_a_cosign_key_signs_with_its_password(tmp_path: Path,
     assert key.id == trusted.id
     payload = make_payload("r/a", DIGEST)
     assert trusted.verifies(payload, key.sign(payload))
+
+
+def test_inspect_shows_each_signature_and_its_verdict() -> None:
+    from torpor.cli.inspect_cmd import _signature_lines
+    from torpor.signing import SignatureCheck, SignatureStatus
+
+    check = SignatureCheck(DIGEST, "team/web:sha256-ab.sig", Policy.REQUIRED, (
+        SignatureStatus("sha256:" + "11" * 32, DIGEST, "ci.pub (key 0123456789abcdef)", None),
+        SignatureStatus("sha256:" + "22" * 32, OTHER, None, f"it signs another image, {OTHER}")))
+    assert _signature_lines(check) == [
+        'signatures   2 in team/web:sha256-ab.sig ([restore] signatures = "required")',
+        "  ok       sha256:111111111111  verified by ci.pub (key 0123456789abcdef)",
+        f"  BAD      sha256:222222222222  not verified: it signs another image, {OTHER}"]
+    assert _signature_lines(SignatureCheck(DIGEST, "w:t", Policy.IF_PRESENT, made_here=True)) == [
+        'signatures   none in w:t; made by this node ([restore] signatures = "if-present")']
