@@ -273,6 +273,27 @@ def test_the_nodes_signing_key_signs_what_it_pushes(
     assert f"verified by {keys / 'signer.pub'}" in pulled.stderr
 
 
+def test_each_key_signs_once(sig_nodes: SigningNodes, registry: Registry,
+                             images: dict[str, Any], keys: Path, tmp_path: Path) -> None:
+    """A second key adds its signature beside the first; signing again with a key replaces
+    that key's own."""
+    ref = f"{registry.host}/team/twice:ckpt-1"
+    digest = images["digests"]["signed"]
+    for key in ("signer", "stranger", "signer"):
+        torpor(sig_nodes.a, "push", images["refs"]["signed"], ref, "--sign",
+               str(keys / f"{key}.pem"))
+    repo = repository(ref)
+    try:
+        layers = json.loads(repo.get_manifest(signature_tag(digest), 1 << 20).body)["layers"]
+    finally:
+        repo.session.close()
+    assert len(layers) == 2 and layers[0]["digest"] == layers[1]["digest"]   # one payload
+    for key in ("signer", "stranger"):
+        sig_nodes.policy("sig-b", "required", keys / f"{key}.pub")
+        out = torpor(sig_nodes.b, "pull", ref, "-o", str(tmp_path / key))
+        assert f"verified by {keys / key}.pub" in out.stderr
+
+
 def test_off_ignores_signatures(sig_nodes: SigningNodes, images: dict[str, Any],
                                 tmp_path: Path) -> None:
     sig_nodes.policy("sig-b", "off")

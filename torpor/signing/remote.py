@@ -38,6 +38,7 @@ from torpor.signing.payload import (
     MAX_PAYLOAD_BYTES,
     MAX_SIGNATURES,
     PAYLOAD_MEDIA_TYPE,
+    SIGNATURE_ANNOTATION,
     SignatureLayer,
     make_payload,
     signature_layers,
@@ -174,9 +175,12 @@ def write_signature(repo: RepositoryClient, digest: str, docker_reference: str,
     signed = SignatureLayer(payload, base64.b64encode(key.sign(payload)).decode())
     existing = read_signatures(repo, digest)
     own_public = key.key.public_key()
-    replaced = {layer.digest for layer in existing.layers if _by(own_public, layer)}
+    # every signer of one digest signs the same payload: a layer is its payload and signature
+    replaced = {(layer.digest, layer.signature_b64) for layer in existing.layers
+                if _by(own_public, layer)}
     kept = [d for d in (existing.manifest or {}).get("layers") or []
-            if isinstance(d, dict) and d.get("digest") not in replaced]
+            if isinstance(d, dict) and (d.get("digest"), (d.get("annotations") or {}).get(
+                SIGNATURE_ANNOTATION)) not in replaced]
     config, manifest = signature_manifest([signed], kept)
     with tempfile.TemporaryDirectory(prefix="torpor-sign-") as work:
         for blob, media_type in ((payload, PAYLOAD_MEDIA_TYPE), (config, mediatypes.OCI_CONFIG)):
