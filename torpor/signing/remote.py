@@ -146,6 +146,10 @@ def _read_layers(repo: RepositoryClient, document: dict[str, Any], found: FoundS
     for layer, signature in signature_layers(document):
         if (layer.get("digest"), signature) in seen:
             continue
+        same = next((s.payload for s in found.layers if s.digest == layer.get("digest")), None)
+        if same is not None:   # another signer of the same payload: fetched once
+            found.layers.append(SignatureLayer(same, signature))
+            continue
         digest_of, size = layer.get("digest"), layer.get("size")
         if not isinstance(digest_of, str) or not isinstance(size, int) or \
                 not 0 <= size <= MAX_PAYLOAD_BYTES:
