@@ -136,6 +136,7 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
     container = _read_container(client, container_id)
     push: RegistryOptions | None = None
     early: EarlyBlobs | None = None
+    signing_key: SigningKey | None = None
     if target.push and target.ref:
         from torpor.ops.sources import registry_options
         from torpor.registry import EarlyBlobs
