@@ -261,11 +261,16 @@ def test_the_nodes_signing_key_signs_what_it_pushes(
         sig_nodes: SigningNodes, registry: Registry, images: dict[str, Any], keys: Path,
         tmp_path: Path) -> None:
     ref = f"{registry.host}/team/by-node:ckpt-1"
+    kube_ref = f"{registry.host}/team/for-kubelet:ckpt-1"
     sig_nodes.configure("sig-a", image=f'signing_key = "{keys / "signer.pem"}"\n')
     try:
         out = torpor(sig_nodes.a, "push", images["refs"]["signed"], ref)
+        # the image kubelet restores from, made here: signed too (cosign checks it)
+        torpor(sig_nodes.a, "kube", "image", images["refs"]["signed"], "-t", kube_ref)
     finally:
         sig_nodes.configure("sig-a")
+    cosign(tmp_path, "verify", "--key", str(keys / "signer.pub"), "--insecure-ignore-tlog=true",
+           *INSECURE, f"{kube_ref.rsplit(':', 1)[0]}@{digest_of(kube_ref)}")
     tag = signature_tag(images["digests"]["signed"])
     assert f"signed in {registry.host}/team/by-node:{tag}" in out.stdout
     sig_nodes.policy("sig-b", "required", keys / "signer.pub")
@@ -307,8 +312,14 @@ def test_off_ignores_signatures(sig_nodes: SigningNodes, images: dict[str, Any],
 
 def cosign(home: Path, *args: str, check: bool = True,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The cosign CLI. `verify` is given an empty trusted root: with --key and no transparency
+    log it needs none, and it would otherwise ask sigstore's TUF repository on the network."""
     environment = {**os.environ, "HOME": str(home), "COSIGN_PASSWORD": "test-password",
                    "SIGSTORE_NO_CACHE": "1", "TUF_ROOT": str(home / "tuf"), **(env or {})}
+    if args[0] == "verify":
+        root = home / "empty-trusted-root.json"
+        root.write_text('{"mediaType":"application/vnd.dev.sigstore.trustedroot+json;version=0.1"}')
+        args = (args[0], "--trusted-root", str(root), *args[1:])
     return run(str(ecosystem.tool("cosign")), *args, env=environment, cwd=home, check=check)
 
 

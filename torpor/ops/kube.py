@@ -221,12 +221,15 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+    signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     reference = digest = None
     if push and ref:
         progress.step(f"pushing {ref}")
-        pushed = push_layout(built.layout, ref, options=registry_options(cfg, ref, access),
+        options = registry_options(cfg, ref, access)
+        pushed = push_layout(built.layout, ref, options=options,
                              progress=progress.transfer("uploaded"))
         reference, digest = str(pushed.reference), pushed.digest
+        signing.sign_with_node_key(ref, digest, cfg.image_signing_key, options)
     return KubeResult(found.config.id, archive=archive_path, layout=str(built.layout),
                       reference=reference or ref, digest=digest or built.index.digest,
                       bytes=built.compressed_bytes, seconds=time.monotonic() - started)
@@ -331,9 +334,11 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
         reference = None
         if ref:
             progress.step(f"pushing {ref}")
-            pushed = push_layout(built.layout, ref, options=registry_options(cfg, ref, access),
+            options = registry_options(cfg, ref, access)
+            pushed = push_layout(built.layout, ref, options=options,
                                  progress=progress.transfer("uploaded"))
             reference = str(pushed.reference)
+            signing.sign_with_node_key(ref, pushed.digest, cfg.image_signing_key, options)
     return KubeResult(found.config.id, archive=source if archive_path == source else None,
                       layout=directory, reference=reference, digest=built.manifest.digest,
                       bytes=built.layer.size, seconds=time.monotonic() - started)

@@ -203,6 +203,16 @@ def _by(public: ec.EllipticCurvePublicKey, layer: SignatureLayer) -> bool:
     return der is not None and TrustedKey("", public).verifies(layer.payload, der)
 
 
+def sign_with_node_key(reference: str, digest: str, signing_key_path: str,
+                       options: RegistryOptions | None = None) -> SignResult | None:
+    """Sign a pushed image with `[image] signing_key` (given as `signing_key_path`), if set."""
+    if not signing_key_path:
+        return None
+    from torpor.signing.keys import load_signing_key
+
+    return sign_image(reference, digest, load_signing_key(signing_key_path), options)
+
+
 def sign_image(reference: str, digest: str, key: SigningKey,
                options: RegistryOptions | None = None) -> SignResult:
     """Sign the image `digest` of `reference`'s repository with `key`, in that repository."""
