@@ -297,6 +297,8 @@ def test_each_key_signs_once(sig_nodes: SigningNodes, registry: Registry,
         sig_nodes.policy("sig-b", "required", keys / f"{key}.pub")
         out = torpor(sig_nodes.b, "pull", ref, "-o", str(tmp_path / key))
         assert f"verified by {keys / key}.pub" in out.stderr
+        cosign(tmp_path, "verify", "--key", str(keys / f"{key}.pub"),
+               "--insecure-ignore-tlog=true", *INSECURE, f"{ref.rsplit(':', 1)[0]}@{digest}")
 
 
 def test_off_ignores_signatures(sig_nodes: SigningNodes, images: dict[str, Any],
