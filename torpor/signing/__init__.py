@@ -10,7 +10,8 @@ Public API (docs/signing.md)::
     examine(repo, digest, cfg) -> SignatureCheck  # every signature, for torpor inspect
     own.record(store, digest)                     # an image this node made itself
 
-Module map: payload (the simple-signing documents, no I/O), keys (PEM files, ECDSA P-256),
+Module map: payload (the simple-signing documents, no I/O), keys (PEM files, ECDSA P-256;
+cosign_key: cosign's encrypted cosign.key), referrers (OCI 1.1 referrers),
 remote (the `.sig` tag in a registry), verify (`[restore] signatures` and `trusted_keys`),
 own (the digests this node built). Refusals are RestoreError; unreadable keys ConfigError.
 """

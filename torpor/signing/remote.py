@@ -1,8 +1,6 @@
 """Signatures in a registry, where cosign keeps them: the `sha256-<hex>.sig` tag of the signed
-image's repository (payload.py says what it holds), and OCI 1.1 referrers of the image of
-artifact type `application/vnd.dev.cosign.artifact.sig.v1+json` (cosign's
-`--registry-referrers-mode=oci-1-1`): the registry's referrers API, else the referrers tag
-`sha256-<hex>` that registries without one are given (an index of the referrers).
+image's repository (payload.py says what it holds), and the image's OCI 1.1 referrers
+(referrers.py).
 
 `read_signatures` fetches those manifests and their payload blobs (each at most 64 KiB,
 digest-checked): a few small requests, nothing of the image itself. `write_signature` adds one
@@ -19,7 +17,6 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -36,7 +33,6 @@ from torpor.registry.session import RegistrySession
 from torpor.signing.keys import SigningKey, TrustedKey
 from torpor.signing.payload import (
     MAX_PAYLOAD_BYTES,
-    MAX_SIGNATURES,
     PAYLOAD_MEDIA_TYPE,
     SIGNATURE_ANNOTATION,
     SignatureLayer,
@@ -45,10 +41,9 @@ from torpor.signing.payload import (
     signature_manifest,
     signature_tag,
 )
+from torpor.signing.referrers import signature_referrers
 
 SIGNATURE_MANIFEST_LIMIT = 1 << 20
-SIGNATURE_ARTIFACT_TYPE = "application/vnd.dev.cosign.artifact.sig.v1+json"
-_NO_REFERRERS_API = (400, 404, 405, 501)
 
 
 @dataclass(frozen=True)
@@ -89,56 +84,12 @@ def read_signatures(repo: RepositoryClient, digest: str) -> FoundSignatures:
         else:
             found = FoundSignatures(where, manifest=document)
             _read_layers(repo, document, found)
-    referrers = _referrers(repo, digest, found)
+    referrers = signature_referrers(repo, digest, found.unreadable)
     for referrer in referrers:
         _read_layers(repo, referrer, found)
     if referrers:
         found = replace(found, where=f"{where} and {len(referrers)} OCI 1.1 referrer(s)")
     return found
-
-
-def _referrers(repo: RepositoryClient, digest: str,
-               found: FoundSignatures) -> list[dict[str, Any]]:
-    """The signature manifests that name `digest` as their subject (OCI 1.1)."""
-    index = _referrers_index(repo, digest)
-    out = []
-    for entry in (index.get("manifests") or [])[:MAX_SIGNATURES]:
-        if not isinstance(entry, dict) or entry.get("artifactType") != SIGNATURE_ARTIFACT_TYPE:
-            continue
-        child = entry.get("digest")
-        try:
-            fetched = repo.get_manifest(str(child), SIGNATURE_MANIFEST_LIMIT,
-                                        expected_digest=str(child))
-            document = manifests.parse_manifest(fetched.body, f"signature referrer {child}")
-        except (RegistryError, ImageError) as e:
-            found.unreadable.append(f"referrer {child}: {e}")
-            continue
-        if (document.get("subject") or {}).get("digest") == digest:
-            out.append(document)
-    return out
-
-
-def _referrers_index(repo: RepositoryClient, digest: str) -> dict[str, Any]:
-    url = repo.session.url(f"/v2/{repo.repository}/referrers/{digest}?" +
-                           urlencode({"artifactType": SIGNATURE_ARTIFACT_TYPE}))
-    try:
-        response = repo.session.request("GET", url, ok=(200,), scope=repo.pull_scope,
-                                        what=f"GET referrers of {repo.repository}@{digest}",
-                                        headers={"Accept": mediatypes.OCI_INDEX})
-        body = response.read_limited(SIGNATURE_MANIFEST_LIMIT)
-    except RegistryError as e:
-        if e.status not in _NO_REFERRERS_API:
-            raise
-        try:   # the referrers tag schema, for registries without the API
-            body = repo.get_manifest(digest.replace(":", "-", 1), SIGNATURE_MANIFEST_LIMIT).body
-        except RegistryError as e:
-            if e.status == 404:
-                return {}
-            raise
-    try:
-        return manifests.parse_manifest(body, f"referrers of {digest}")
-    except ImageError:
-        return {}
 
 
 def _read_layers(repo: RepositoryClient, document: dict[str, Any], found: FoundSignatures) -> None:
