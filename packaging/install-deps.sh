@@ -36,6 +36,7 @@ GO_TOOLS=(
     "nerdctl|github.com/containerd/nerdctl/v2/cmd/nerdctl|0||github.com/containerd/nerdctl/v2/pkg/version.Version={v}"
     "crictl|sigs.k8s.io/cri-tools/cmd/crictl|0||sigs.k8s.io/cri-tools/pkg/version.Version={v}"
     "checkpointctl|github.com/checkpoint-restore/checkpointctl|0||main.name=checkpointctl main.version={n}"
+    "cosign|github.com/sigstore/cosign/v2/cmd/cosign|0||sigs.k8s.io/release-utils/version.gitVersion={v}"
 )
 PREFIX=${TORPOR_PREFIX:-/usr/local}
 DEPS=$PREFIX/lib/torpor-deps
@@ -300,7 +301,7 @@ install_go_tools() {
         todo+=("$entry")
     done
     if [ "${#todo[@]}" -eq 0 ]; then
-        log "runc, nerdctl, crictl and checkpointctl are up to date in $DEPS/bin"
+        log "runc, nerdctl, crictl, checkpointctl and cosign are up to date in $DEPS/bin"
         return 0
     fi
     mkdir -p "$STATE"

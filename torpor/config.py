@@ -44,6 +44,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
     "image": {
         "store": (str, "/var/lib/torpor", "local checkpoint images (torpor ls, rm), scratch"),
         "zstd_level": (int, 1, "layer compression: 1 is fast; 3 to 19 trade time for size"),
+        "signing_key": (str, "", "a PEM EC P-256 private key that signs every checkpoint this "
+                        "node pushes (docs/signing.md)"),
     },
     "restore": {
         "hooks": (list, [], "hook programs (absolute paths) a checkpoint's spec may run; "
@@ -70,6 +72,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                                "what a checkpoint may unpack to (and never more than is free)"),
         "max_compression_ratio": (int, 10000, "unpacked bytes per byte of layers"),
         "max_files": (int, 1000000, "entries one archive may hold"),
+        "signatures": (str, "if-present", 'registry checkpoints: "required" (signed by a '
+                       'trusted key or made here), "if-present" (a signature must verify) '
+                       'or "off"'),
+        "trusted_keys": (list, [], "PEM public keys (cosign.pub) whose signatures are trusted"),
     },
     "registry": {
         "docker_config": (str, "",
@@ -93,6 +99,7 @@ class Config:
         "gpu_driver_timeout_s",
         "gpu_lock_timeout_ms",
         "gpu_nvml_library",
+        "image_signing_key",
         "image_store",
         "image_zstd_level",
         "path",
@@ -113,6 +120,8 @@ class Config:
         "restore_max_manifest_bytes",
         "restore_max_unpacked_bytes",
         "restore_mount_sources",
+        "restore_signatures",
+        "restore_trusted_keys",
         "runtime_hook_path",
         "runtime_path",
         "runtime_state_dir",
@@ -132,6 +141,7 @@ class Config:
     gpu_driver_timeout_s: int
     image_store: str
     image_zstd_level: int
+    image_signing_key: str
     restore_hooks: list[str]
     restore_annotations: list[str]
     restore_labels: list[str]
@@ -146,6 +156,8 @@ class Config:
     restore_max_unpacked_bytes: int
     restore_max_compression_ratio: int
     restore_max_files: int
+    restore_signatures: str
+    restore_trusted_keys: list[str]
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

@@ -5,6 +5,7 @@
 #   packaging/go/pin.sh nerdctl github.com/containerd/nerdctl/v2/cmd/nerdctl@v2.3.1
 #   packaging/go/pin.sh crictl sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0
 #   packaging/go/pin.sh checkpointctl github.com/checkpoint-restore/checkpointctl@v1.6.0
+#   packaging/go/pin.sh cosign github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
 #
 # Rewrites packaging/go/TOOL/go.mod and go.sum from the tool's own requirements (its go.mod, as
 # the Go proxy serves it), keeping the module line and any replace lines, then builds it once

@@ -4,7 +4,7 @@ Everything lives in a private prefix, `$TORPOR_PREFIX/lib/torpor-deps` (TORPOR_P
 /usr/local, as in the install script), and replaces nothing on PATH:
 
     containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x
-    bin/                runc 1.3.x, nerdctl, crictl, checkpointctl
+    bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, cosign
 
 Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others by version
 (`CONTAINERD_VERSIONS`, `RUNC_VERSIONS`).
@@ -26,7 +26,7 @@ TOOLS_BIN = DEPS / "bin"
 # The names a test or `pytest --containerd/--runc` uses for each version.
 CONTAINERD_VERSIONS = ("1.6", "2")
 RUNC_VERSIONS = ("1.1", "1.3")
-TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl")
+TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl", "cosign")
 
 
 def containerd_bin(version: str) -> Path | None:
@@ -44,7 +44,7 @@ def runc_path(version: str) -> Path | None:
 
 
 def tool(name: str) -> Path:
-    """nerdctl, crictl, checkpointctl or runc 1.3, built by install-deps.sh."""
+    """nerdctl, crictl, checkpointctl, cosign or runc 1.3, built by install-deps.sh."""
     if name not in TOOLS:
         raise ValueError(f"{name!r} is not one of the tools install-deps.sh builds")
     return TOOLS_BIN / name

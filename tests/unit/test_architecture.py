@@ -12,7 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
 GROUND = {"errors", "config", "atomicfile", "fastjson", "reporting", "formats", "archive",
           "__init__"}
-CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config"}
+CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
+                "signing"}
 # what each area may import (besides itself); the ground floor may import only the ground
 ALLOWED = {
     **{name: GROUND for name in GROUND},

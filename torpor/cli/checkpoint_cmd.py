@@ -35,6 +35,9 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
 @click.option("-t", "--tag", "ref", metavar="REF",
               help="Make a checkpoint image REF (kept locally: torpor ls).")
 @click.option("--push", is_flag=True, help="Push the image to REF's registry.")
+@click.option("--sign", "sign_key", metavar="KEY",
+              help="With --push: sign the pushed image with this PEM EC P-256 private key, "
+              "as cosign does (default: [image] signing_key).")
 @click.option("--leave-running", "-R", is_flag=True, help="Keep the container running.")
 @click.option("--tcp-established", is_flag=True, help="Save established TCP connections.")
 @click.option("--file-locks", is_flag=True, help="Save file locks.")
@@ -57,7 +60,8 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
 @registry_options
 @click.pass_obj
 def checkpoint_command(g: Globals, container: str, directory: str | None, oci: bool,
-                       ref: str | None, push: bool, leave_running: bool, tcp_established: bool,
+                       ref: str | None, push: bool, sign_key: str | None,
+                       leave_running: bool, tcp_established: bool,
                        file_locks: bool, ext_unix_sk: bool, shell_job: bool,
                        volumes: tuple[str, ...], every: float | None, keep: int | None,
                        older_than: float | None, as_json: bool, recipients: tuple[str, ...],
@@ -75,6 +79,8 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
         raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
     if push and not ref:
         raise click.UsageError("--push needs -t REF")
+    if sign_key and not push:
+        raise click.UsageError("--sign signs what is pushed: give -t REF --push")
     if oci and not directory:
         raise click.UsageError("--oci needs -o DIR")
     if recipients and not (ref or oci):
@@ -85,7 +91,7 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
         volumes=parse_volumes(volumes))
     target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
                               registry=access_from(username, password_stdin, ca_file, insecure),
-                              recipients=recipients_from(recipients))
+                              recipients=recipients_from(recipients), sign=sign_key)
     if every is not None:
         if not ref or directory:
             raise click.UsageError("--every needs -t REF (and no -o DIR)")
@@ -109,7 +115,9 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
                    f"{human_size(sizes.rootfs_diff)}, total {human_size(sizes.total)} in "
                    f"{result.timings['total_s']:.2f}s{stopped}")
         return
-    where = (f"pushed {result.pushed.reference}" if result.pushed else
+    signed = f", signed in {result.pushed.signature}" if result.pushed and \
+        result.pushed.signature else ""
+    where = (f"pushed {result.pushed.reference}{signed}" if result.pushed else
              f"image {ref}" if ref else f"OCI layout {directory}")
     added = (f" ({human_size(result.new_bytes)} new on top of {result.previous})"
              if result.previous else "")

@@ -9,6 +9,7 @@ from torpor.cli.encryption_flags import decryption_key_option, keys_from
 from torpor.cli.output import emit_json, human_size, table
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.ops.inspect import InspectReport, inspect
+from torpor.signing import SignatureCheck
 
 
 @click.command("inspect")
@@ -90,6 +91,8 @@ def render(report: InspectReport) -> str:
         lines.extend(f"  {'ok     ' if v.allowed_by else 'REFUSED'}  {v.what}"
                      + (f"  [{v.allowed_by}]" if v.allowed_by else f"  (allow with: {v.remedy})")
                      for v in report.grants)
+    if report.signatures is not None:
+        lines.extend(_signature_lines(report.signatures))
     generation = report.generation
     if generation is not None:
         built = (f"on {generation.previous[:19]}, adding {human_size(generation.new_bytes)}"
@@ -108,6 +111,19 @@ def render(report: InspectReport) -> str:
         lines.append(_indent(table(["MEDIA TYPE", "SIZE", "DIGEST"], [
             [d.media_type, human_size(d.size), d.digest[:19]] for d in report.layers])))
     return "\n".join(lines)
+
+
+def _signature_lines(check: SignatureCheck) -> list[str]:
+    own = "; made by this node" if check.made_here else ""
+    if not check.signatures and not check.unreadable:
+        return [f"signatures   none in {check.where}{own} ([restore] signatures = "
+                f"\"{check.policy.value}\")"]
+    lines = [f"signatures   {len(check.signatures) + len(check.unreadable)} in {check.where}{own} "
+             f"([restore] signatures = \"{check.policy.value}\")"]
+    lines.extend(f"  {'ok     ' if s.verified_by else 'BAD    '}  {s.layer[:19]}  {s.describe()}"
+                 for s in check.signatures)
+    lines.extend(f"  BAD      {u}" for u in check.unreadable)
+    return lines
 
 
 def _indent(text: str) -> str:

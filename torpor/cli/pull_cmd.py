@@ -31,7 +31,7 @@ def pull_command(g: Globals, ref: str, out: str | None, as_json: bool,
         return
     click.echo(f"pulled {result.reference} ({result.container}): {result.downloaded} "
                f"blobs, {human_size(result.bytes_downloaded)} into {result.layout}"
-               + (" (encrypted)" if result.encrypted else ""))
+               + (" (encrypted)" if result.encrypted else "") + f"; {result.signature}")
 
 
 COMMANDS = {"pull": pull_command}

@@ -24,8 +24,9 @@ removes what was written. Steps, in order:
  7. images only: compress the layers (zstd, in parallel) into an OCI layout, each layer
     uploaded as soon as it is written when pushing; with recipients, encrypt the image
     (image.encrypt_layout) before anything is uploaded (no early upload then);
- 8. --push: push the manifests; -t REF: put the image in the local store, replacing an older
-    REF in one rename;
+ 8. --push: push the manifests, then sign the index (--sign KEY, else [image] signing_key:
+    torpor.signing; the key is read in step 1); -t REF: put the image in the local store,
+    replacing an older REF in one rename; the index digest is recorded as this node's own;
  9. commit: CRIU stops the container (without --leave-running); the lease and journal go.
 """
 
@@ -60,6 +61,7 @@ from torpor.reporting import SILENT, Progress
 if TYPE_CHECKING:
     from torpor.image.encryption_keys import Recipient
     from torpor.registry import EarlyBlobs, RegistryOptions
+    from torpor.signing import SigningKey
 
 # The image path (zstd, chunking, generations, the registry client, encryption) is imported
 # where it is taken: a checkpoint into a directory does not pay for it (docs/benchmarks.md).
@@ -75,6 +77,7 @@ class CheckpointTarget:
     push: bool = False
     registry: RegistryAccess = field(default_factory=RegistryAccess)
     recipients: tuple[Recipient, ...] = ()   # encrypt the image for these (jwe: public keys)
+    sign: str | None = None    # with push: sign it with this PEM key (default [image] signing_key)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class PushSummary:
     mounted: int
     existing: int
     bytes_uploaded: int
+    signature: str | None = None      # where its signature is (REPO:sha256-<hex>.sig)
 
 
 @dataclass(frozen=True)
@@ -132,13 +136,18 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
     container = _read_container(client, container_id)
     push: RegistryOptions | None = None
     early: EarlyBlobs | None = None
+    signing_key: SigningKey | None = None
     if target.push and target.ref:
         from torpor.ops.sources import registry_options
         from torpor.registry import EarlyBlobs
 
         push = registry_options(cfg, target.ref, target.registry)
         early = EarlyBlobs(target.ref, push, _mount_from(container, target.ref))
-        # its session finds the credentials now
+        # its session finds the credentials now; the signing key is read now too
+        from torpor.signing import load_signing_key
+
+        key_path = target.sign or cfg.image_signing_key
+        signing_key = load_signing_key(key_path) if key_path else None
     try:
         # 2. the journal and the output's place
         checkpoint_id = journals.new_id()
@@ -146,7 +155,8 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
                                 request.criu.leave_running, _plan(cfg, target, checkpoint_id),
                                 progress)
         try:
-            return _run(txn, container, request, target, cfg, progress, started, early, push)
+            return _run(txn, container, request, target, cfg, progress, started, early, push,
+                        signing_key)
         except BaseException as error:
             raise _failed(txn, container_id, error) from None
         finally:
@@ -158,7 +168,8 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
 
 def _run(txn: Transaction, container: CheckpointedContainer, request: CheckpointRequest,
          target: CheckpointTarget, cfg: Config, progress: Progress, started: float,
-         early: EarlyBlobs | None, push: RegistryOptions | None) -> CheckpointResult:
+         early: EarlyBlobs | None, push: RegistryOptions | None,
+         signing_key: SigningKey | None = None) -> CheckpointResult:
     plan = txn.record.target
     stopped = not request.criu.leave_running
     if plan.scratch:
@@ -208,6 +219,9 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
         built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))
     timings = {**metadata.timings, "checkpoint_s": t - started, "build_s": time.monotonic() - t}
+    from torpor.signing import own
+
+    own.record(cfg.image_store, built.index.digest)   # this node's own: restorable here unsigned
     pushed = None
     if push is not None and ref:
         txn.step("pushing")
@@ -215,13 +229,19 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         t = time.monotonic()
         result = push_layout(built.layout, ref, options=push,
                              mount_from=mount_from(metadata, ref))
+        signature = None
+        if signing_key is not None:
+            from torpor.signing import sign_image
+
+            progress.step(f"signing {result.digest} with {signing_key.path}")
+            signature = sign_image(ref, result.digest, signing_key, push).signature
         timings["push_s"] = time.monotonic() - t
         ahead = early if early is not None and not target.recipients else None
         up, mounted, sent = (ahead.uploaded, ahead.mounted, ahead.bytes_uploaded) if ahead \
             else (0, 0, 0)  # what went up early, while compressing, counts too
         pushed = PushSummary(str(result.reference), result.uploaded + up,
                              result.mounted + mounted, result.existing - up - mounted,
-                             result.bytes_uploaded + sent)
+                             result.bytes_uploaded + sent, signature)
     layout = str(built.layout)
     if ref and not target.oci:
         txn.step("installing")

@@ -10,6 +10,9 @@ metadata layer (from a registry, that one small layer is downloaded into scratch
 A kubelet checkpoint archive is read without extracting it, and its report adds its pod and who
 can restore it.
 
+A registry image's report lists its signatures (cosign's `.sig` tag) and whether each verifies
+with a key of `[restore] trusted_keys`; nothing is refused here.
+
 An image's report says too what it added to the generation it was built on, beside the estimate
 `torpor estimate` made before it."""
 
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torpor import signing
 from torpor.capture.restore_policy import RestorePolicy, Verdict, verdicts
 from torpor.config import Config
 from torpor.formats import annotations as ann
@@ -34,6 +38,8 @@ from torpor.ops import kube
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
 from torpor.registry import fetch_metadata
+from torpor.registry.client import RepositoryClient
+from torpor.signing import SignatureCheck
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class InspectReport:
     grants: tuple[Verdict, ...] = ()          # what a restore here would grant (not if sealed)
     kube: KubeSummary | None = None
     generation: Generation | None = None
+    signatures: SignatureCheck | None = None   # a registry image's, against the trusted keys
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
@@ -99,6 +106,7 @@ class InspectReport:
                         **({"part": d.annotations[ann.PART]} if ann.PART in d.annotations
                            else {})} for d in self.layers],
             "generation": self.generation.__dict__ if self.generation else None,
+            "signatures": self.signatures.to_json() if self.signatures else None,
         }
 
 
@@ -145,7 +153,11 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
         return _kube_report(source)
     with store.scratch() as scratch:
         if kind is SourceKind.REGISTRY:
-            with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
+            def look(repo: RepositoryClient, top: Descriptor) -> None:
+                found.append(signing.examine(repo, top.digest, cfg))
+
+            found: list[SignatureCheck] = []   # what a restore's check would see, unrefused
+            with fetch_metadata(source, registry_options(cfg, source, access), look) as plan:
                 image = image_of_plan(plan, limits)
                 layout = str(scratch / "layout")
                 wanted = [layer for layer in plan.layers
@@ -166,7 +178,8 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
     return InspectReport(source, kind, image.index.digest, metadata, tuple(layers),
                          bool(encrypted), recipients, sealed,
                          () if sealed else _grants(metadata, cfg),
-                         generation=generation_of(image))
+                         generation=generation_of(image),
+                         signatures=found[0] if kind is SourceKind.REGISTRY else None)
 
 
 def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torpor
+from torpor import signing
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
@@ -166,7 +167,10 @@ def _as_directory(source: str, store: Store, cfg: Config, access: RegistryAccess
         return
     if kind is SourceKind.REGISTRY:
         progress.step(f"fetching {source}")
-        with fetch_metadata(source, registry_options(cfg, source, access)) as plan:
+        signed: list[signing.SignatureCheck] = []   # the node's signature policy, first
+        with fetch_metadata(source, registry_options(cfg, source, access),
+                            signing.checker(cfg, source, signed)) as plan:
+            progress.step(signed[0].describe())
             image = image_of_plan(plan)
             layout = str(store.prepare(source))
             plan.download(layout, progress=progress.transfer("downloaded"))
@@ -217,12 +221,15 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+    signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     reference = digest = None
     if push and ref:
         progress.step(f"pushing {ref}")
-        pushed = push_layout(built.layout, ref, options=registry_options(cfg, ref, access),
+        options = registry_options(cfg, ref, access)
+        pushed = push_layout(built.layout, ref, options=options,
                              progress=progress.transfer("uploaded"))
         reference, digest = str(pushed.reference), pushed.digest
+        signing.sign_with_node_key(ref, digest, cfg.image_signing_key, options)
     return KubeResult(found.config.id, archive=archive_path, layout=str(built.layout),
                       reference=reference or ref, digest=digest or built.index.digest,
                       bytes=built.compressed_bytes, seconds=time.monotonic() - started)
@@ -327,9 +334,11 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
         reference = None
         if ref:
             progress.step(f"pushing {ref}")
-            pushed = push_layout(built.layout, ref, options=registry_options(cfg, ref, access),
+            options = registry_options(cfg, ref, access)
+            pushed = push_layout(built.layout, ref, options=options,
                                  progress=progress.transfer("uploaded"))
             reference = str(pushed.reference)
+            signing.sign_with_node_key(ref, pushed.digest, cfg.image_signing_key, options)
     return KubeResult(found.config.id, archive=source if archive_path == source else None,
                       layout=directory, reference=reference, digest=built.manifest.digest,
                       bytes=built.layer.size, seconds=time.monotonic() - started)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torpor
+from torpor import signing
 from torpor.capture import volumes as saved_volumes
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -112,13 +113,16 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+    signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     pushed = None
     if target.push and ref:
         progress.step(f"pushing {ref}")
-        result = push_layout(built.layout, ref,
-                             options=registry_options(cfg, ref, target.registry),
+        options = registry_options(cfg, ref, target.registry)
+        result = push_layout(built.layout, ref, options=options,
                              mount_from=mount_from(metadata, ref))
         pushed = str(result.reference)
+        signing.sign_with_node_key(ref, result.digest, target.sign or cfg.image_signing_key,
+                                   options)
     return ImportResult(container.id, source, metadata.sizes,
                         {"total_s": time.monotonic() - started}, dropped, ref=ref,
                         layout=str(built.layout), digest=built.index.digest, pushed=pushed)

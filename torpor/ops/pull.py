@@ -1,7 +1,8 @@
 """`torpor pull REF`: a checkpoint image from a registry into the local store (or an OCI layout
 with -o DIR).
 
-Steps: 1. fetch the index, manifests and metadata, and check that it is a torpor checkpoint
+Steps: 1. fetch the index and check its signatures against the node's policy (torpor.signing),
+then the manifests and metadata, and check that it is a torpor checkpoint
 within the limits of `[restore]`, that the decryption keys (if any) open every encrypted layer
 and that the layers fit on disk; 2. link the layers some image of the store already holds
 (packs of earlier generations) and download the others (in parallel, resuming dropped
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torpor import signing
 from torpor.config import Config
 from torpor.image import encrypt_layout, unpack
 from torpor.image.encryption_keys import DecryptionKey
@@ -37,6 +39,7 @@ class PullResult:
     downloaded: int
     bytes_downloaded: int
     encrypted: bool = False        # the layout holds encrypted layers
+    signature: str = ""            # what the signature check found (torpor.signing)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -45,7 +48,10 @@ class PullResult:
 def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess = NO_CREDENTIALS,
          progress: Progress = SILENT, keys: Sequence[DecryptionKey] = ()) -> PullResult:
     store = Store(cfg.image_store)
-    with fetch_metadata(ref, registry_options(cfg, ref, access)) as plan:
+    signed: list[signing.SignatureCheck] = []   # checked on the index, first
+    with fetch_metadata(ref, registry_options(cfg, ref, access),
+                        signing.checker(cfg, ref, signed)) as plan:
+        progress.step(signed[0].describe())
         image = image_of_plan(plan, unpack.ImageLimits.of(cfg))
         if keys:
             unpack.check_keys(image, keys)
@@ -62,4 +68,5 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
                 encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
         layout = out or str(store.layout(ref))  # switched in: the new copy, whole
     return PullResult(str(result.reference), layout, image.metadata.container.id,
-                      result.downloaded, result.bytes_downloaded, image.encrypted and not keys)
+                      result.downloaded, result.bytes_downloaded, image.encrypted and not keys,
+                      signed[0].describe())

@@ -5,7 +5,8 @@ Steps: 1. find the source; 2. a checkpoint directory only: compress it into an O
 scratch space (its base image comes from containerd); 3. with recipients: encrypt a copy of the
 layout in scratch space (image.encrypt_layout; the source is left as it is); 4. push the
 layout's blobs (cross-repo mounts where the registry has them, resumable uploads, every blob
-digest-checked), then its manifests.
+digest-checked), then its manifests; 5. with --sign KEY (or [image] signing_key): sign the
+pushed index, as cosign does (torpor.signing).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torpor import signing
 from torpor.config import Config
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
@@ -25,6 +27,7 @@ from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, kind_of, registry_options, tag_of
 from torpor.registry import push_layout
 from torpor.reporting import SILENT, Progress
+from torpor.signing import own
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class PushResult:
     mounted: int
     existing: int
     bytes_uploaded: int
+    signature: str | None = None      # where its signature is (REPO:sha256-<hex>.sig)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -42,8 +46,10 @@ class PushResult:
 
 def push(client: Client | None, source: str, ref: str, cfg: Config,
          access: RegistryAccess = NO_CREDENTIALS, progress: Progress = SILENT,
-         recipients: Sequence[Recipient] = ()) -> PushResult:
+         recipients: Sequence[Recipient] = (), sign: str | None = None) -> PushResult:
     store = Store(cfg.image_store)
+    key_path = sign or cfg.image_signing_key
+    signing_key = signing.load_signing_key(key_path) if key_path else None
     kind = kind_of(source, store)
     if kind is SourceKind.REGISTRY:
         raise ImageError(f"{source} is not a local checkpoint", hint="see `torpor ls`")
@@ -67,7 +73,13 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
             progress.step(f"encrypting the layers for {len(recipients)} recipient(s)")
             encrypt_layout.encrypt_layout(layout, recipients)
         progress.step(f"pushing {ref}")
-        pushed = push_layout(layout, ref, options=registry_options(cfg, ref, access),
-                             progress=progress.transfer("uploaded"))
+        options = registry_options(cfg, ref, access)
+        pushed = push_layout(layout, ref, options=options, progress=progress.transfer("uploaded"))
+    if kind is SourceKind.DIRECTORY:   # packed here: this node's own (torpor.signing.own)
+        own.record(cfg.image_store, pushed.digest)
+    signature = None
+    if signing_key is not None:
+        progress.step(f"signing {pushed.digest} with {signing_key.path}")
+        signature = signing.sign_image(ref, pushed.digest, signing_key, options).signature
     return PushResult(str(pushed.reference), pushed.digest, pushed.uploaded, pushed.mounted,
-                      pushed.existing, pushed.bytes_uploaded)
+                      pushed.existing, pushed.bytes_uploaded, signature)

@@ -4,8 +4,9 @@ SOURCE is a checkpoint directory, an OCI layout, a kubelet checkpoint archive (m
 directory in scratch space first, ops/kube.py), a local image (`torpor ls`) or an image in a
 registry. Steps, in order (an ExitStack undoes each if a later one fails: no container, task,
 snapshot or scratch directory is left):
- 1. find the checkpoint and read its metadata (a registry: the index, manifests and metadata
-    only; an encrypted image's metadata layer into scratch space), within the limits of
+ 1. find the checkpoint and read its metadata (a registry: the index, checked against the
+    node's signature policy first (torpor.signing), then the manifests and metadata only; an
+    encrypted image's metadata layer into scratch space), within the limits of
     `[restore]` (layer count, document sizes, what the layers unpack to); a checkpoint
     directory must hold exactly the files its metadata lists;
  2. check this node against it: architecture, kernel, CPU features, CRIU, runc, cgroups, GPUs;
@@ -43,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from torpor import signing
 from torpor.capture import pod, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -183,7 +185,10 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             ref = source
             # 1. the image's metadata, 2. this node and the keys, 3. the policy, 4. the layers
             progress.step(f"fetching {source}'s index and metadata")
-            with fetch_metadata(source, registry_options(cfg, source, options.registry)) as plan:
+            signed: list[signing.SignatureCheck] = []   # checked on the index, first
+            with fetch_metadata(source, registry_options(cfg, source, options.registry),
+                                signing.checker(cfg, source, signed)) as plan:
+                progress.step(signed[0].describe())
                 image = image_of_plan(plan, limits)
                 progress.step("checking this node against the checkpoint")
                 compat.check(image.metadata, cfg)

@@ -5,7 +5,7 @@ Public API (everything else in this package is internal)::
     push_layout(layout_dir, ref, *, options=None, mount_from=(), progress=None) -> PushResult
     EarlyBlobs(ref, options, mount_from)   # upload blobs while an image is still being built
     pull(ref, layout_dir, *, want=None, options=None, progress=None) -> PullResult
-    fetch_metadata(ref, options=None) -> PullPlan      # phase 1 of a pull: metadata only
+    fetch_metadata(ref, options=None, check_top=None) -> PullPlan   # phase 1: metadata only
     PullPlan.download(layout_dir, layers=None, progress=None) -> PullResult
     parse_reference(text) -> Reference
     list_images(repository, options) -> [TaggedImage]       # tags, digests, creation times

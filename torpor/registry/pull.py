@@ -179,8 +179,11 @@ class PullPlan:
         return largest_first
 
 
-def fetch_metadata(reference: Reference | str, options: RegistryOptions | None = None) -> PullPlan:
-    """Phase 1: every manifest and small config under `reference`, digest-checked, in memory."""
+def fetch_metadata(reference: Reference | str, options: RegistryOptions | None = None,
+                   check_top: Callable[[RepositoryClient, Descriptor], None] | None = None) -> PullPlan:
+    """Phase 1: every manifest and small config under `reference`, digest-checked, in memory.
+    `check_top(repository, top)` sees the top manifest or index first: it may raise to stop
+    the pull before anything else is fetched (torpor.signing checks signatures there)."""
     options = options or RegistryOptions()
     ref = parse_reference(reference) if isinstance(reference, str) else reference
     session = RegistrySession.for_reference(ref, options)
@@ -188,6 +191,8 @@ def fetch_metadata(reference: Reference | str, options: RegistryOptions | None =
         repo = RepositoryClient(session, ref.repository)
         fetched = repo.get_manifest(ref.reference, options.manifest_limit)
         top = Descriptor(fetched.media_type, fetched.digest, len(fetched.body))
+        if check_top is not None:
+            check_top(repo, top)
         manifests: list[PulledManifest] = []
         _visit(repo, options, top, fetched.body, None, manifests, 0)
     except BaseException:
