@@ -90,6 +90,13 @@ def render(report: InspectReport) -> str:
         lines.extend(f"  {'ok     ' if v.allowed_by else 'REFUSED'}  {v.what}"
                      + (f"  [{v.allowed_by}]" if v.allowed_by else f"  (allow with: {v.remedy})")
                      for v in report.grants)
+    if report.criu_error:
+        lines.append(f"CRIU images  not checked: {report.criu_error}")
+    elif report.criu_findings is not None:
+        lines.append("CRIU images  " + ("nothing beyond the spec" if not report.criu_findings
+                                        else "a restore here would refuse"))
+        lines.extend(f"  REFUSED  {f.what}  (allow with: {f.remedy})"
+                     for f in report.criu_findings)
     generation = report.generation
     if generation is not None:
         built = (f"on {generation.previous[:19]}, adding {human_size(generation.new_bytes)}"
