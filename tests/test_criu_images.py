@@ -235,3 +235,33 @@ def test_the_genuine_checkpoint_restores(corpus: World) -> None:
         assert "CRIU images  nothing beyond the spec" in inspect.stdout
     finally:
         remove(corpus.node, name)
+
+
+def test_what_the_check_costs(corpus: World, test_image: dict[str, object]) -> None:
+    """The check on the busybox checkpoint and on one of 64 MiB of memory (its images are read,
+    never its pages): well under a second each, in a fresh process as torpor-runc runs it."""
+    node, name = corpus.node, "ci-memhog"
+    node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c",
+             "memhog 64 /tmp/gap & exec kvserver 7002")
+    try:
+        wait_kv(node, name, port=7002)
+        time.sleep(1)   # memhog has filled its memory
+        torpor(node, "checkpoint", name, "-o", str(corpus.base / "memhog"))
+    finally:
+        remove(node, name)
+    import sys
+
+    for directory in (corpus.directory, corpus.base / "memhog"):
+        pages = sum(p.stat().st_size for p in (directory / "criu").glob("pages-*.img"))
+        script = ("import json, time; t0 = time.monotonic(); from torpor import criu_images; "
+                  "from torpor.config import Config; from torpor.criu_images import reader; "
+                  "reader.definitions(); t1 = time.monotonic(); "
+                  f"spec = json.load(open('{directory}/checkpoint.json'))['container']['spec']; "
+                  f"found = criu_images.findings('{directory}/criu', spec, Config()); "
+                  "t2 = time.monotonic(); print(len(found), t1 - t0, t2 - t1)")
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out[0] == "0"
+        print(f"\n{directory.name}: pages {pages >> 20} MiB, import with pycriu "
+              f"{float(out[1]) * 1000:.0f} ms, check {float(out[2]) * 1000:.0f} ms")
+        assert float(out[1]) + float(out[2]) < 2
