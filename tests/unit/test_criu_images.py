@@ -313,3 +313,21 @@ def test_rootfs_paths_resolve_inside_the_rootfs(tmp_path: Path) -> None:
         "open file /host/secret, which is not in the container's root filesystem",
         "unix socket bound at /nowhere/s, which is not in the container's root filesystem "
         "(nor its directory)"]
+
+
+def test_legacy_file_images_and_host_namespace_files_are_read_too(tmp_path: Path) -> None:
+    images = pytest.importorskip("pycriu.images")
+    d = copy.deepcopy(GENUINE)
+    d["files"].append({"type": "NS", "id": 7, "nsf": {"id": 7, "ns_id": HOST["net"],
+                                                      "ns_cflag": 0x40000000, "flags": 0}})
+    directory = write(tmp_path / "criu", d)
+    fown = {"uid": 0, "euid": 0, "signum": 0, "pid_type": 0, "pid": 0}
+    with open(directory / "reg-files.img", "wb") as f:   # what CRIU before 3.x wrote
+        images.dump({"magic": "REG_FILES", "entries": [
+            {"id": 8, "flags": 0, "pos": 0, "fown": fown, "name": "/dev/../etc", "mnt_id": 78}]},
+            f)
+    what = [f.what for f in checks.findings(dump.load(str(directory)), SPEC)]
+    assert what == ["open file '/dev/../etc'",
+                    "an open file (file 7) of the dumping host's network namespace"]
+    assert [f.what for f in checks.findings(dump.load(str(directory)), SPEC, ("network",))] == [
+        "open file '/dev/../etc'"]

@@ -17,7 +17,9 @@ task would come back as, in words, when the spec does not grant it.
 - mounts: the root, the spec's mounts and masked paths, and filesystems that are the
   container's own (proc, sysfs, tmpfs, devpts, mqueue, cgroup); any other filesystem, or a mount
   runc is to map from outside at a place the spec has no mount, is a finding;
-- ttys: only with a terminal in the spec, and only pseudo-terminals or runc's console.
+- ttys: only with a terminal in the spec, and only pseudo-terminals or runc's console;
+- open namespace files (nsfs): none of the dumping host's namespaces, unless `[restore]
+  host_namespaces` names the kind.
 """
 
 from __future__ import annotations
@@ -95,17 +97,23 @@ class SpecView:
 def findings(dump: Dump, spec: OciSpec, host_namespaces: Iterable[str] = ()) -> list[Finding]:
     """Everything the dump would restore that the spec (and the policy) does not grant."""
     view = SpecView.of(spec)
+    host_namespaces = frozenset(host_namespaces)
     out: list[Finding] = []
     for task in dump.tasks:
         for thread in task.threads:
             out.extend(_thread_findings(task, thread, view))
-        out.extend(_namespace_findings(task, dump.dumper_namespaces, view,
-                                       frozenset(host_namespaces)))
+        out.extend(_namespace_findings(task, dump.dumper_namespaces, view, host_namespaces))
     mounts = {m.mnt_id: m for m in dump.mounts}
     for mount in dump.mounts:
         out.extend(_mount_findings(mount, view))
     for use in dump.paths:
         out.extend(_path_findings(use, mounts))
+    host_ids = {ns_id: SPEC_NAMESPACES[ns] for ns, ns_id in dump.dumper_namespaces.items()}
+    for file_id, ns_id in dump.ns_files:
+        if ns_id in host_ids and host_ids[ns_id] not in host_namespaces:
+            out.append(Finding(f"an open file (file {file_id}) of the dumping host's "
+                               f"{host_ids[ns_id]} namespace",
+                               f'[restore] host_namespaces = ["{host_ids[ns_id]}"]'))
     for tty in dump.ttys:
         if not view.terminal or tty.kind not in TERMINALS:
             out.append(Finding(f"a terminal ({tty.kind}, file {tty.file_id})",

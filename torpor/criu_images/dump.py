@@ -83,6 +83,7 @@ class Dump:
     mounts: tuple[Mount, ...]
     paths: tuple[PathUse, ...]
     ttys: tuple[Tty, ...]
+    ns_files: tuple[tuple[int, int], ...] = ()   # open namespace files: (file id, namespace id)
 
 
 def load(directory: str) -> Dump:
@@ -102,7 +103,8 @@ def load(directory: str) -> Dump:
     remapped = _remapped(directory)
     paths = tuple(p for f in files for p in _path_uses(f, remapped))
     ttys = _ttys(directory, files)
-    return Dump(dumper, tasks, tuple(mounts), paths, ttys)
+    ns_files = tuple((int(f.nsf.id), int(f.nsf.ns_id)) for f in files if f.HasField("nsf"))
+    return Dump(dumper, tasks, tuple(mounts), paths, ttys, ns_files)
 
 
 def _path(directory: str, name: str) -> str:
@@ -152,9 +154,27 @@ def _mount(m: Any) -> Mount:
                  str(m.ext_key) if m.HasField("ext_key") else "")
 
 
+# the per-kind file images of older CRIUs, which CRIU still reads: file_entry's field for each
+LEGACY_FILES = (("reg-files.img", "REG_FILES", "reg_file_entry", "reg"),
+                ("unixsk.img", "UNIXSK", "unix_sk_entry", "usk"),
+                ("tty.img", "TTY_FILES", "tty_file_entry", "tty"),
+                ("ns-files.img", "NS_FILES", "ns_file_entry", "nsf"))
+
+
 def _files(directory: str) -> list[Any]:
+    from torpor.criu_images.reader import definitions
+
     path = _path(directory, "files.img")
-    return read_entries(path, "FILES", "file_entry") if os.path.exists(path) else []
+    files = read_entries(path, "FILES", "file_entry") if os.path.exists(path) else []
+    for name, magic, message, field in LEGACY_FILES:
+        legacy = _path(directory, name)
+        if os.path.exists(legacy):
+            pb = definitions()[0]
+            for entry in read_entries(legacy, magic, message):
+                wrapped = pb.file_entry()
+                getattr(wrapped, field).CopyFrom(entry)
+                files.append(wrapped)
+    return files
 
 
 def _remapped(directory: str) -> set[int]:
