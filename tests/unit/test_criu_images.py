@@ -201,6 +201,15 @@ def test_mounts_only_the_root_the_specs_and_the_containers_own(tmp_path: Path) -
         d["mounts"] += [mnt(90, 0, "/host", "/dev/sda1", ext_key="/"),
                         mnt(91, 16, "/disk", "/dev/sda1"), mnt(92, 5, "/../x"),
                         mnt(93, 12, "/sys/fs/cgroup", "cgroup")]
+    cgroup_v1 = json.loads(json.dumps(SPEC))
+    cgroup_v1["mounts"].append({"destination": "/sys/fs/cgroup", "type": "cgroup",
+                                "source": "cgroup"})
+
+    def runc_cgroup_mounts(d: dict[str, Any]) -> None:
+        d["mounts"].append(mnt(94, 0, "/sys/fs/cgroup/memory", "/sys/fs/cgroup/memory",
+                               ext_key="/sys/fs/cgroup/memory"))
+    assert found(tmp_path, runc_cgroup_mounts, spec=cgroup_v1) == []
+    assert found(tmp_path, runc_cgroup_mounts) != []
     assert found(tmp_path, host_mounts) == [
         "a mount runc is to bring from outside ('/') at /host, where the spec has no mount",
         "a auto mount of '/dev/sda1' (its '/') at /disk, which the spec does not have",

@@ -15,8 +15,9 @@ task would come back as, in words, when the spec does not grant it.
 - paths: each open file and bound unix socket on a mount of the dump, below that mount's
   mountpoint, absolute and without `..`;
 - mounts: the root, the spec's mounts and masked paths, and filesystems that are the
-  container's own (proc, sysfs, tmpfs, devpts, mqueue, cgroup); any other filesystem, or a mount
-  runc is to map from outside at a place the spec has no mount, is a finding;
+  container's own (proc, sysfs, tmpfs, devpts, mqueue, cgroup); runc's cgroup v1 hierarchies
+  below the spec's cgroup mount; any other filesystem, or a mount runc is to map from outside
+  at a place the spec has no mount, is a finding;
 - ttys: only with a terminal in the spec, and only pseudo-terminals or runc's console;
 - open namespace files (nsfs): none of the dumping host's namespaces, unless `[restore]
   host_namespaces` names the kind.
@@ -70,6 +71,7 @@ class SpecView:
     terminal: bool
     namespaces: frozenset[str]          # the spec's namespace types (own or joined)
     mount_points: frozenset[str]        # mount destinations and masked paths
+    cgroup_points: frozenset[str] = frozenset()   # destinations of the spec's cgroup mounts
 
     @classmethod
     def of(cls, spec: OciSpec) -> SpecView:
@@ -86,12 +88,14 @@ class SpecView:
                 caps[kind] = frozenset(CAPABILITIES.index(n) for n in names if n in CAPABILITIES)
         points = {_normal(str(m.get("destination", ""))) for m in spec.get("mounts") or []}
         points |= {_normal(str(p)) for p in linux.get("maskedPaths") or []}
+        cgroups = {_normal(str(m.get("destination", ""))) for m in spec.get("mounts") or []
+                   if m.get("type") in ("cgroup", "cgroup2")}
         return cls(int(user.get("uid", 0)), int(user.get("gid", 0)),
                    frozenset(int(g) for g in user.get("additionalGids") or []) | {int(
                        user.get("gid", 0))}, caps, bool(process.get("noNewPrivileges")),
                    bool(linux.get("seccomp")), bool(process.get("terminal")),
                    frozenset(str(n.get("type")) for n in linux.get("namespaces") or []),
-                   frozenset(points))
+                   frozenset(points), frozenset(cgroups))
 
 
 def findings(dump: Dump, spec: OciSpec, host_namespaces: Iterable[str] = ()) -> list[Finding]:
@@ -197,6 +201,8 @@ def _mount_findings(mount: Mount, view: SpecView) -> list[Finding]:
     point = _normal(point)
     if point == "/" or point in view.mount_points:
         return []
+    if mount.ext_key and any(point.startswith(c.rstrip("/") + "/") for c in view.cgroup_points):
+        return []   # runc's own cgroup v1 hierarchies, below the spec's cgroup mount
     if mount.ext_key:
         return [Finding(f"a mount runc is to bring from outside ({mount.ext_key!r}) at {point}, "
                         "where the spec has no mount",
