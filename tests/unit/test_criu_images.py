@@ -286,6 +286,16 @@ def test_malformed_images_are_format_errors_in_words(tmp_path: Path) -> None:
         criu_images.check(str(directory), SPEC, Config())
 
 
+def test_a_malformed_spec_is_an_error_in_words(tmp_path: Path) -> None:
+    from torpor import criu_images
+
+    directory = write(tmp_path / "criu", GENUINE)
+    bad = json.loads(json.dumps(SPEC))
+    bad["process"]["user"] = {"uid": "root"}
+    with pytest.raises(RestoreError, match="the spec's process, mounts or namespaces are malformed"):
+        criu_images.check(str(directory), bad, Config())
+
+
 def test_missing_definitions_are_a_restore_error_with_the_remedy(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reader, "_loaded", None)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torpor.criu_images.dump import Dump, Mount, PathUse, Task, Thread
+from torpor.errors import FormatError
 from torpor.formats.oci import OciSpec
 
 CAPABILITIES = (
@@ -75,6 +76,14 @@ class SpecView:
 
     @classmethod
     def of(cls, spec: OciSpec) -> SpecView:
+        try:
+            return cls._of(spec)
+        except (TypeError, ValueError, AttributeError) as e:
+            raise FormatError(f"the spec's process, mounts or namespaces are malformed: {e}") \
+                from None
+
+    @classmethod
+    def _of(cls, spec: OciSpec) -> SpecView:
         process = spec.get("process") or {}
         user = process.get("user") or {}
         linux = spec.get("linux") or {}
