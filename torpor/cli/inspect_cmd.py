@@ -97,6 +97,9 @@ def render(report: InspectReport) -> str:
                                         else "a restore here would refuse"))
         lines.extend(f"  REFUSED  {f.what}  (allow with: {f.remedy})"
                      for f in report.criu_findings)
+    elif report.kube is None:
+        lines.append("CRIU images  in the image's state layers, not read here: torpor restore "
+                     "checks them")
     generation = report.generation
     if generation is not None:
         built = (f"on {generation.previous[:19]}, adding {human_size(generation.new_bytes)}"
