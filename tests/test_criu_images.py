@@ -22,6 +22,8 @@ import pytest
 from .conftest import Nodes
 from .support.containerd import Node
 from .support.hostile import make_canary, tree_digest
+from .support.nerdctl import Nerdctl
+from .support.processes import wait_for
 from .support.workload import kv_ask, remove, wait_kv
 
 pytestmark = pytest.mark.real
@@ -235,6 +237,46 @@ def test_the_genuine_checkpoint_restores(corpus: World) -> None:
         assert "CRIU images  nothing beyond the spec" in inspect.stdout
     finally:
         remove(corpus.node, name)
+
+
+def test_nerdctl_restores_are_checked_by_torpor_runc(node: Node, torpor_bin: Path,
+                                                    test_image: dict[str, object]) -> None:
+    """nerdctl's own checkpoint, sealed by this node, edited with crit in nerdctl's checkpoint
+    directory (the executable's path made a host file's): `nerdctl start --checkpoint` is
+    refused by torpor-runc in words before runc restore; put back as it was, it restores."""
+    nerd = Nerdctl(node, "criu-images", Path(str(test_image["tar"])))
+    try:
+        nerd("run", "-d", "--name", "web", "--runtime", str(torpor_bin / "torpor-runc"),
+             "--network", "none", str(test_image["name"]), "sh", "-c", "exec kvserver 7000")
+        wait_for(lambda: nerd.exec_out("web", "sh", "-c", "echo PING | nc -w5 127.0.0.1 7000")
+                 == "PONG\n", what="kvserver")
+        nerd("checkpoint", "create", "web", "ck1")
+        saved = nerd.data_root / "checkpoints" / "ck1"
+        genuine = saved.parent / "ck1.genuine"
+        shutil.copytree(saved, genuine)
+        files, as_json = saved / "files.img", saved / "files.json"
+        host_file = str(torpor_bin / "torpor-runc")   # on the host, not in the container
+        crit("decode", "-i", str(files), "-o", str(as_json))
+        document = json.loads(as_json.read_text())
+        for entry in document["entries"]:
+            if entry.get("reg", {}).get("name") == "/bin/kvserver":
+                entry["reg"]["name"] = host_file
+        as_json.write_text(json.dumps(document))
+        crit("encode", "-i", str(as_json), "-o", str(files))
+        as_json.unlink()
+        refused = nerd("start", "--checkpoint", "ck1", "web", check=False)
+        assert refused.returncode != 0
+        assert "CRIU images would restore what its spec and this node's restore policy do not "\
+               "grant" in refused.stderr, refused.stderr
+        assert f"open file {host_file}, which is not in the container's root filesystem" \
+            in refused.stderr
+        assert nerd.status("web") != "running"
+        shutil.rmtree(saved)
+        genuine.rename(saved)
+        nerd("start", "--checkpoint", "ck1", "web")
+        assert nerd.exec_out("web", "sh", "-c", "echo PING | nc -w5 127.0.0.1 7000") == "PONG\n"
+    finally:
+        nerd.close()
 
 
 def test_what_the_check_costs(corpus: World, test_image: dict[str, object]) -> None:
