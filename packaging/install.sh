@@ -14,6 +14,13 @@ log() { printf 'install: %s\n' "$*" >&2; }
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 log "installing torpor into $VENV"
 "$VENV/bin/python" -m pip install -q --upgrade "$TOP"
+# CRIU's own image definitions (pycriu) and crit, as install-deps.sh built them
+PYCRIU=${TORPOR_BUILD_DIR:-/var/cache/torpor-build}/pycriu-4.2.1
+if [ -f "$PYCRIU/.torpor-built" ]; then
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation "$PYCRIU/lib" "$PYCRIU/crit"
+else
+    log "warning: no pycriu built in $PYCRIU (run packaging/install-deps.sh): restores will be refused"
+fi
 "$VENV/bin/python" -m torpor.runtime_config.launchers "$PREFIX/bin" "$PREFIX/lib/torpor/runc" >&2
 install -d -m 0755 /etc/torpor
 if [ ! -e /etc/torpor/config.toml ]; then

@@ -13,16 +13,16 @@ PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 GROUND = {"errors", "config", "atomicfile", "fastjson", "reporting", "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
-                "signing"}
+                "signing", "criu_images"}
 # what each area may import (besides itself); the ground floor may import only the ground
 ALLOWED = {
     **{name: GROUND for name in GROUND},
     **{name: GROUND | CAPABILITIES for name in CAPABILITIES},
     # the self-contained capabilities (docs/architecture.md): only the ground floor below them
-    **{name: GROUND for name in ("registry", "capture", "runtime_config")},
+    **{name: GROUND for name in ("registry", "capture", "runtime_config", "criu_images")},
     "ops": GROUND | CAPABILITIES,
     "cli": GROUND | CAPABILITIES | {"ops"},
-    "shim": GROUND | {"capture", "gpu"},
+    "shim": GROUND | {"capture", "gpu", "criu_images"},
     "oci_hooks": GROUND | {"capture"},
 }
 # the ground floor's own order: formats see only errors, atomicfile and themselves

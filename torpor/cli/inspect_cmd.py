@@ -93,6 +93,16 @@ def render(report: InspectReport) -> str:
                      for v in report.grants)
     if report.signatures is not None:
         lines.extend(_signature_lines(report.signatures))
+    if report.criu_error:
+        lines.append(f"CRIU images  not checked: {report.criu_error}")
+    elif report.criu_findings is not None:
+        lines.append("CRIU images  " + ("nothing beyond the spec" if not report.criu_findings
+                                        else "a restore here would refuse"))
+        lines.extend(f"  REFUSED  {f.what}  (allow with: {f.remedy})"
+                     for f in report.criu_findings)
+    elif report.kube is None:
+        lines.append("CRIU images  in the image's state layers, not read here: torpor restore "
+                     "checks them")
     generation = report.generation
     if generation is not None:
         built = (f"on {generation.previous[:19]}, adding {human_size(generation.new_bytes)}"

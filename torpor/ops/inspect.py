@@ -2,7 +2,8 @@
 inspected without downloading a layer): the container, its processes and memory, network,
 mounts, GPUs, the node it was taken on, its layers and timings; and what a restore on this node
 would grant its spec (hooks, host mounts, devices, capabilities, namespaces), with what allows
-each request under this node's policy, or what would.
+each request under this node's policy, or what would; for a checkpoint directory, what its CRIU
+images would restore beyond its spec (torpor.criu_images), as a restore here would refuse it.
 
 An encrypted checkpoint shows its clear metadata only, unless a decryption key opens its
 metadata layer (from a registry, that one small layer is downloaded into scratch space).
@@ -18,14 +19,18 @@ An image's report says too what it added to the generation it was built on, besi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torpor import signing
+from torpor import criu_images, signing
 from torpor.capture.restore_policy import RestorePolicy, Verdict, verdicts
 from torpor.config import Config
+from torpor.criu_images import Finding
+from torpor.errors import TorporError
 from torpor.formats import annotations as ann
+from torpor.formats import names
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.oci import Descriptor
 from torpor.formats.spec_requests import SpecRequests
@@ -73,6 +78,8 @@ class InspectReport:
     kube: KubeSummary | None = None
     generation: Generation | None = None
     signatures: SignatureCheck | None = None   # a registry image's, against the trusted keys
+    criu_findings: tuple[Finding, ...] | None = None   # None: the CRIU images were not read
+    criu_error: str = ""            # why they could not be checked
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
@@ -107,6 +114,10 @@ class InspectReport:
                            else {})} for d in self.layers],
             "generation": self.generation.__dict__ if self.generation else None,
             "signatures": self.signatures.to_json() if self.signatures else None,
+            "criu_images": None if self.criu_findings is None and not self.criu_error else {
+                "error": self.criu_error or None,
+                "findings": [{"what": f.what, "remedy": f.remedy}
+                             for f in self.criu_findings or ()]},
         }
 
 
@@ -148,7 +159,9 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
     limits = unpack.ImageLimits.of(cfg)
     if kind is SourceKind.DIRECTORY:
         metadata = checkpoint_dir.load(source, max_files=limits.max_files)
-        return InspectReport(source, kind, None, metadata, (), grants=_grants(metadata, cfg))
+        findings, error = _criu_findings(source, metadata, cfg)
+        return InspectReport(source, kind, None, metadata, (), grants=_grants(metadata, cfg),
+                             criu_findings=findings, criu_error=error)
     if kind is SourceKind.KUBE_ARCHIVE:
         return _kube_report(source)
     with store.scratch() as scratch:
@@ -186,6 +199,16 @@ def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:
     """What a restore under the same name, with no options, would be granted or refused."""
     requests = SpecRequests.of(metadata.container.spec)
     return tuple(verdicts(requests, RestorePolicy.of(cfg)))
+
+
+def _criu_findings(directory: str, metadata: CheckpointMetadata,
+                   cfg: Config) -> tuple[tuple[Finding, ...] | None, str]:
+    """What the directory's CRIU images would restore beyond its spec, or why that is unknown."""
+    try:
+        return tuple(criu_images.findings(os.path.join(directory, names.CRIU_DIR),
+                                          metadata.container.spec, cfg)), ""
+    except TorporError as e:   # the definitions missing (RestoreError), a malformed image
+        return None, str(e)
 
 
 def _kube_report(source: str) -> InspectReport:

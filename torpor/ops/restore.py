@@ -19,7 +19,9 @@ snapshot or scratch directory is left):
  5. images only: unpack the state layers into scratch space (the CRIU images; encrypted layers
     decrypted there) and import the runnable image (base layers + the read-write layer) into
     containerd;
- 6. the root filesystem: a snapshot of the image, plus the read-write layer for directories;
+ 6. CRIU's images against the spec and the policy (torpor.criu_images: credentials, seccomp,
+    namespaces, files, sockets, mounts, ttys); the root filesystem: a snapshot of the image,
+    plus the read-write layer for directories;
  7. the container: the checkpoint's spec (cgroup path, network namespace and volume sources
     rewritten for the new name and node), runtime io.containerd.runc.v2 with BinaryName = this
     node's torpor-runc;
@@ -44,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torpor import signing
+from torpor import criu_images, signing
 from torpor.capture import pod, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -270,6 +272,11 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     with contextlib.ExitStack() as undo, client.lease():
         if approved.own_files:  # the sandbox files torpor made for it (approve)
             undo.callback(shutil.rmtree, approved.own_files, True)
+        # CRIU's images against the spec, before anything is created
+        progress.step("checking the CRIU images")
+        t = time.monotonic()
+        criu_images.check(os.path.join(directory, names.CRIU_DIR), spec, cfg)
+        timings["check_images_s"] = time.monotonic() - t
         # 6. the root filesystem
         containerd_image.ensure_unpacked(client, snapshotter, image)
         progress.step("preparing the container's root filesystem")

@@ -19,7 +19,8 @@ The steps, in order:
     and a checkpoint kubelet took gets runc's descriptors.json back (capture/pod.py);
  6. files: the read-write layer (when it travelled in the image directory, as with ctr),
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
-    symlink out of them and within the limits of `[restore]`;
+    symlink out of them and within the limits of `[restore]`; then CRIU's images against the
+    spec, the policy and that rootfs (torpor.criu_images), a plain runc checkpoint's too;
  7. `runc restore` with the caller's argv plus the flags of step 3;
  8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock,
     while CRIU has left every task stopped (`leave-stopped` through the CRIU configuration
@@ -142,6 +143,7 @@ def run(ctx: Context) -> int:
                                                              ctx.cfg.runtime_state_dir))
     changed = changed or bool(dropped)
     if state is None:
+        check_images(ctx, image_path, config, bundle)
         if changed:
             spec.flush(bundle, config)
         lowlevel.exec_runtime(ctx.runtime, inv.argv)
@@ -165,6 +167,7 @@ def run(ctx: Context) -> int:
         pod.reveal_descriptors(image_path)
         files.restore(config, bundle, image_path, state.files,
                       restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files)
+        check_images(ctx, image_path, config, bundle)
         if changed:
             spec.flush(bundle, config)
         # 3. + 7. runc restore with the flags containerd dropped
@@ -187,6 +190,14 @@ def run(ctx: Context) -> int:
     records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
     return 0
+
+
+def check_images(ctx: Context, image_path: str, config: OciSpec, bundle: str) -> None:
+    """CRIU's images against the spec runc restores with, the container's rootfs mounted."""
+    from torpor import criu_images
+
+    root = str((config.get("root") or {}).get("path") or "rootfs")
+    criu_images.check(image_path, config, ctx.cfg, root=os.path.join(bundle, root))
 
 
 def granting_work_dir(ctx: Context) -> str | None:
