@@ -33,6 +33,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "rootfs": (bool, True, "save the container's read-write layer inside the image dir"),
         "tcp_established": (bool, False, "defaults for checkpoints started by ctr/nerdctl"),
         "file_locks": (bool, False, ""),
+        "timeout_s": (int, 300, "how long runc and CRIU may take to dump, plus 10 s per GiB "
+                      "of the container's memory; then they are killed, the container runs on"),
     },
     "gpu": {
         "cuda_library": (str, "libcuda.so.1", "the CUDA driver library"),
@@ -63,6 +65,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                                "what a checkpoint may unpack to (and never more than is free)"),
         "max_compression_ratio": (int, 10000, "unpacked bytes per byte of layers"),
         "max_files": (int, 1000000, "entries one archive may hold"),
+        "timeout_s": (int, 300, "how long each restore step may take (unpacking, runc and "
+                      "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
     },
     "registry": {
         "docker_config": (str, "",
@@ -81,6 +85,7 @@ class Config:
         "checkpoint_file_locks",
         "checkpoint_rootfs",
         "checkpoint_tcp_established",
+        "checkpoint_timeout_s",
         "checkpoint_volumes",
         "gpu_cuda_library",
         "gpu_driver_timeout_s",
@@ -104,6 +109,7 @@ class Config:
         "restore_max_manifest_bytes",
         "restore_max_unpacked_bytes",
         "restore_mount_sources",
+        "restore_timeout_s",
         "runtime_hook_path",
         "runtime_path",
         "runtime_state_dir",
@@ -117,6 +123,7 @@ class Config:
     checkpoint_rootfs: bool
     checkpoint_tcp_established: bool
     checkpoint_file_locks: bool
+    checkpoint_timeout_s: int
     gpu_cuda_library: str
     gpu_nvml_library: str
     gpu_lock_timeout_ms: int
@@ -135,6 +142,7 @@ class Config:
     restore_max_unpacked_bytes: int
     restore_max_compression_ratio: int
     restore_max_files: int
+    restore_timeout_s: int
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

@@ -18,7 +18,9 @@ The steps, in order:
  6. files: the read-write layer (when it travelled in the image directory, as with ctr),
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
     symlink out of them and within the limits of `[restore]`;
- 7. `runc restore` with the caller's argv plus the flags of step 3;
+ 7. `runc restore` with the caller's argv plus the flags of step 3, within `[restore]
+    timeout_s` (plus 10 s per GiB of CRIU images) when detached: past it runc, its CRIU and
+    the half-restored container are killed and deleted, and the error says where CRIU stood;
  8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock,
     while CRIU has left every task stopped (`leave-stopped` through the CRIU configuration
     runc hands it, step 4), then let them go on. If that fails, the restored container is
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING
 
 from torpor.capture import files, netns, pod, records, restore_policy
 from torpor.capture.freezer import Cgroup
-from torpor.errors import FormatError, RestoreError
+from torpor.errors import DeadlineExceeded, FormatError, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
@@ -159,7 +161,7 @@ def run(ctx: Context) -> int:
         # 3. + 7. runc restore with the flags containerd dropped
         extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
         since = ctx.log.mark()
-        code = runc.run(ctx.runtime, inv.with_flags(extra))
+        code = _runc_restore(ctx, inv.with_flags(extra), image_path)
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "restore.log")
             said = ctx.log.runc_errors(since)  # runc's own fatal error, when CRIU said nothing
@@ -176,6 +178,29 @@ def run(ctx: Context) -> int:
     records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
     return 0
+
+
+def _runc_restore(ctx: Context, argv: list[str], image_path: str) -> int:
+    """`runc restore` (step 7), with its deadline when detached: runc then returns once CRIU is
+    done (in the foreground it lives as long as the container, and has none)."""
+    inv = ctx.inv
+    if not inv.has("detach", "d") or ctx.cfg.restore_timeout_s <= 0:
+        return runc.run(ctx.runtime, argv)
+    from torpor.capture import deadlines
+
+    limit = deadlines.budget(ctx.cfg.restore_timeout_s, deadlines.tree_bytes(image_path))
+    code = runc.run_within(ctx.runtime, argv, limit)
+    if code is not None:
+        return code
+    runc.delete_force(ctx.runtime, inv, inv.container_id or "")
+    log = os.path.join(inv.flag("work-path") or image_path, "restore.log")
+    last = criu_log.last_lines(log)
+    raise DeadlineExceeded(
+        f"runc restore (CRIU) did not finish within {limit:.0f}s; runc, CRIU and the "
+        "half-restored container were killed and removed"
+        + (f"; CRIU's last lines: {' | '.join(last)}" if last else ""),
+        hint=f"CRIU's log: {log}; [restore] timeout_s sets the deadline (plus "
+        f"{deadlines.PER_GIB_S:.0f} s per GiB of CRIU images)")
 
 
 def granting_work_dir(ctx: Context) -> str | None:

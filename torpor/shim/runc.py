@@ -59,3 +59,24 @@ def state(runtime: str, inv: Invocation, container_id: str) -> RuncState:
 def run(runtime: str, argv: list[str]) -> int:
     """Run the low-level runtime with our stdio and inherited fds; its exit status."""
     return subprocess.run([runtime, *argv[1:]], close_fds=False).returncode
+
+
+def run_within(runtime: str, argv: list[str], limit_s: float) -> int | None:
+    """`run`, bounded: None when runc was not done within `limit_s`; then runc, the CRIU it
+    started and what CRIU started (torpor.deadlines) are killed."""
+    from torpor.capture import deadlines
+
+    proc = subprocess.Popen([runtime, *argv[1:]], close_fds=False)
+    if deadlines.wait(proc, limit_s) is None:
+        return None
+    return proc.returncode
+
+
+def delete_force(runtime: str, inv: Invocation, container_id: str) -> None:
+    """`runc delete --force ID`: what a killed runc left of the container (its state, its
+    cgroup and processes in it), gone; quietly, within 30 s."""
+    argv = [runtime, *query_args(inv), "delete", "--force", container_id]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass

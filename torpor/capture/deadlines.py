@@ -1,0 +1,225 @@
+"""Deadlines for the steps of a checkpoint and a restore, and the end of what overstays one.
+
+A step that runs a program (torpor-runc running runc, which starts CRIU in swrk mode, in its
+own process group and, once runc has applied the container's cgroups, in the container's
+cgroup) waits for it with `wait`: past the deadline the program and everything it started are
+stopped (SIGSTOP: none of them forks again), then killed (SIGKILL). They are found from the
+child torpor started, by parentage, and in the cgroups they were in that are not torpor's own
+(the container's, which runc made for this call); never by name. A step that runs in this
+process (unpacking) runs under `step`: SIGALRM breaks what blocks it (a FIFO where a file
+should be), in the main thread.
+
+Each deadline is a base from the configuration plus PER_GIB_S per GiB of what the step
+handles (CRIU's images, the container's memory), so large workloads are not cut short.
+
+Stdlib only: torpor-runc imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from torpor.errors import DeadlineExceeded
+
+PER_GIB_S = 10.0
+GIB = 1 << 30
+TICK_S = 0.05
+
+
+def budget(base_s: float, size_bytes: int = 0) -> float:
+    """The deadline of a step that handles `size_bytes`: the base, plus PER_GIB_S per GiB."""
+    return float(base_s) + PER_GIB_S * max(size_bytes, 0) / GIB
+
+
+def tree_bytes(path: str) -> int:
+    """The size of the files under `path` (CRIU's images)."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+def wait(proc: subprocess.Popen[bytes], limit_s: float, held: Callable[[], bool] | None = None,
+         output: bool = False, container_cgroups: bool = False) -> tuple[bytes, bytes] | None:
+    """Wait for `proc` (its stdout and stderr when `output`, else empty): None when it was not
+    done within `limit_s`, then it and everything it started are killed and reaped (with
+    `container_cgroups`, also every process in the cgroups runc moved them into, which are then
+    removed: a restore's). While `held()` is true the clock stands (someone else decides how
+    long that lasts); it starts again, from zero, when `held()` is false again."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            if output:
+                out, err = proc.communicate(timeout=TICK_S)
+                return out or b"", err or b""
+            proc.wait(timeout=TICK_S)
+            return b"", b""
+        except subprocess.TimeoutExpired:
+            pass
+        if held is not None and held():
+            deadline = time.monotonic() + limit_s
+        elif time.monotonic() >= deadline:
+            cgroups = kill_tree(proc.pid, container_cgroups)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=10)
+            remove_cgroups(cgroups)
+            return None
+
+
+def kill_tree(root: int, container_cgroups: bool = False) -> set[str]:
+    """SIGKILL `root` (a child of this process) and everything below it; with
+    `container_cgroups`, also every process in the cgroups they are in that this process is
+    not (a restored container's, which runc made for this call): those cgroups."""
+    stopped: list[int] = []
+    cgroups: set[str] = set()
+    own = _cgroup_dirs(os.getpid()) if container_cgroups else set()
+    for _ in range(50):  # until a pass finds no process it had not stopped yet
+        found = [p for p in [root, *descendants(root)] if p not in stopped]
+        for extra in sorted(cgroups):
+            found += [p for p in _procs(extra) if p not in stopped and p not in found]
+        found = [p for p in found if p not in (os.getpid(), os.getppid(), 1)]
+        if not found:
+            break
+        for pid in found:
+            if container_cgroups:
+                cgroups |= _cgroup_dirs(pid) - own
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+    for pid in stopped:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return cgroups
+
+
+def remove_cgroups(cgroups: set[str], within_s: float = 3.0) -> None:
+    """rmdir each cgroup once the processes killed in it are gone (children first)."""
+    deadline = time.monotonic() + within_s
+    left = sorted(cgroups, key=len, reverse=True)
+    while left and time.monotonic() < deadline:
+        for path in list(left):
+            try:
+                os.rmdir(path)
+                left.remove(path)
+            except FileNotFoundError:
+                left.remove(path)
+            except OSError:
+                pass
+        if left:
+            time.sleep(TICK_S)
+
+
+def descendants(root: int) -> list[int]:
+    """The pids below `root`, by their parent in /proc, parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            if child not in out and child != root:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def _cgroup_dirs(pid: int) -> set[str]:
+    """The cgroup directories of `pid` (every v1 hierarchy, or the v2 one), root cgroups left
+    out."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3 or parts[2] in ("", "/"):
+            continue
+        controllers = parts[1].removeprefix("name=")
+        base = "/sys/fs/cgroup" if not controllers else os.path.join("/sys/fs/cgroup",
+                                                                      controllers)
+        if not controllers and not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            base = "/sys/fs/cgroup/unified"
+        path = os.path.join(base, parts[2].lstrip("/"))
+        if os.path.isdir(path):
+            out.add(path)
+    return out
+
+
+def _procs(cgroup_dir: str) -> list[int]:
+    try:
+        with open(os.path.join(cgroup_dir, "cgroup.procs")) as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@contextlib.contextmanager
+def step(what: str, limit_s: float, setting: str) -> Iterator[None]:
+    """Run the block within `limit_s`, or raise DeadlineExceeded naming the step and the
+    `setting` that sets it. In the main thread only (elsewhere the block runs unbounded)."""
+    if limit_s <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise DeadlineExceeded(f"{what} did not finish within {limit_s:.0f}s",
+                               hint=f"raise {setting} if it needs longer")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, limit_s)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if left:  # an outer step's clock goes on
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - started), 0.001))
+
+
+def memory_bytes(pid: int) -> int:
+    """What the memory cgroup of `pid` (a container's init) uses; 0 when unknown."""
+    if pid <= 0:
+        return 0
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            path = os.path.join("/sys/fs/cgroup/memory", parts[2].lstrip("/"),
+                                "memory.usage_in_bytes")
+        elif parts[0] == "0" and not parts[1]:
+            path = os.path.join("/sys/fs/cgroup", parts[2].lstrip("/"), "memory.current")
+        else:
+            continue
+        try:
+            with open(path) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+    return 0
