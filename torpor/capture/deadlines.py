@@ -223,3 +223,34 @@ def memory_bytes(pid: int) -> int:
         except (OSError, ValueError):
             continue
     return 0
+
+
+def remove_criu_yards(work_dir: str | None) -> list[str]:
+    """Unmount and remove the cgroup yards (`.criu.cgyard.*`: every cgroup hierarchy, mounted)
+    that a killed CRIU left in its work directory, where it would have unmounted them itself;
+    the mount points removed."""
+    if not work_dir:
+        return []
+    return unmount_under(os.path.join(os.path.realpath(work_dir), ".criu.cgyard."))
+
+
+def unmount_under(prefix: str) -> list[str]:
+    """Detach every mount whose mount point starts with `prefix` (deepest first) and remove
+    the mount points left empty: what a killed runc or CRIU mounted for one call."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4].replace("\\040", " ") for line in f]
+    except OSError:
+        return []
+    ours = sorted({p for p in points if p.startswith(prefix)}, key=len, reverse=True)
+    if not ours:
+        return []
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for point in ours:
+        libc.umount2(point.encode(), 2)  # MNT_DETACH
+    for point in ours:
+        with contextlib.suppress(OSError):
+            os.rmdir(point)
+    return ours

@@ -304,6 +304,8 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
         except interrupt.Interrupted:
             interrupted = True
     if ended is None:
+        ran_inv = Invocation(argv)
+        deadlines.remove_criu_yards(ran_inv.flag("work-path") or ran_inv.flag("image-path"))
         return RuncRun(proc.returncode or -9, b"", b"", (), limit)
     output, errors = ended
     if interrupted:

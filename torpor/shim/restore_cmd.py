@@ -193,6 +193,7 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str) -> int:
     if code is not None:
         return code
     runc.delete_force(ctx.runtime, inv, inv.container_id or "")
+    deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
     log = os.path.join(inv.flag("work-path") or image_path, "restore.log")
     last = criu_log.last_lines(log)
     raise DeadlineExceeded(

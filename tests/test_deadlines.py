@@ -1,0 +1,232 @@
+"""Every restore and checkpoint step has a deadline: a CRIU that hangs is killed, with runc and
+what CRIU started, the half-restored container removed, the lock released, and the error names
+the step and CRIU's last log lines. Nothing is left behind.
+
+The hang is real: CRIU, started by runc in swrk mode under real containerd, runs an action
+script that sleeps (in wait4, as a CRIU whose restorer failed does). The node's operator gives
+CRIU that script through CRIU_CONFIG_FILE in containerd's environment, which reaches torpor-runc,
+runc and CRIU; the script sleeps only at the action the test names in a marker file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Nodes
+from .support.containerd import Node
+from .support.processes import wait_for
+from .support.workload import (
+    COUNTER,
+    containers,
+    freezer_state,
+    read_counter,
+    task_pid,
+    task_status,
+    wait_counter_above,
+)
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+TIMEOUT_S = 6      # [restore] and [checkpoint] timeout_s on this node
+SLACK_S = 25       # what a loaded 2-core machine may add to the deadline
+
+HANG = """#!/bin/sh
+# CRIU's action script for tests/test_deadlines.py: sleep at the action named by a marker
+[ -e "{dir}/hang-$CRTOOLS_SCRIPT_ACTION" ] || exit 0
+echo "$$ $PPID" > "{dir}/hung-$CRTOOLS_SCRIPT_ACTION.tmp"
+mv "{dir}/hung-$CRTOOLS_SCRIPT_ACTION.tmp" "{dir}/hung-$CRTOOLS_SCRIPT_ACTION"
+exec sleep 3600
+"""
+
+
+@pytest.fixture(scope="module")
+def hangs(session_dir: Path) -> Path:
+    directory = session_dir / "deadline-hangs"
+    directory.mkdir(exist_ok=True)
+    script = directory / "hang.sh"
+    script.write_text(HANG.format(dir=directory))
+    script.chmod(0o755)
+    (directory / "criu.conf").write_text(f"action-script {script}\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dnode(nodes: Nodes, session_dir: Path, hangs: Path) -> Node:
+    """A node whose CRIU runs the test's action script, with short deadlines."""
+    config = session_dir / "deadlines.toml"
+    config.write_text(f'[runtime]\nstate_dir = "{session_dir}/deadlines-state"\n'
+                      f'[image]\nstore = "{session_dir}/deadlines-store"\n'
+                      f'[checkpoint]\ntimeout_s = {TIMEOUT_S}\n'
+                      f'[restore]\ntimeout_s = {TIMEOUT_S}\n')
+    return nodes.start("deadlines", config=config,
+                       extra_env={"CRIU_CONFIG_FILE": str(hangs / "criu.conf")})
+
+
+def state_dir(node: Node) -> Path:
+    return node.root.parent.parent / "deadlines-state"
+
+
+def torpor(node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [str(node.bin_dir / "torpor"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=node.env, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
+                             f"{result.stdout}{result.stderr}")
+    return result
+
+
+@contextlib.contextmanager
+def hang_at(hangs: Path, action: str) -> Iterator[Path]:
+    """CRIU sleeps at `action` while the block runs; yields where the script says who it is."""
+    marker = hangs / f"hang-{action}"
+    hung = hangs / f"hung-{action}"
+    hung.unlink(missing_ok=True)
+    marker.touch()
+    try:
+        yield hung
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def hung_processes(hung: Path) -> list[int]:
+    """The sleeping script, the CRIU that runs it and the runc that runs CRIU, by pid."""
+    wait_for(hung.exists, timeout=120, what=f"CRIU to reach {hung.name}")
+    script, criu = (int(p) for p in hung.read_text().split())
+    return [script, criu, parent_of(criu)]
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def counter(node: Node, names: list[str], name: str) -> int:
+    names.append(name)
+    node.ctr("run", "-d", *SHIM, "localhost/torpor-test/busybox:1", name, "sh", "-c", COUNTER)
+    return wait_counter_above(node, name, 5)
+
+
+def listed(node: Node, *what: str) -> list[str]:
+    lines = node.ctr(*what).stdout.splitlines()[1:]
+    return [line.split()[0] for line in lines if line.split()]
+
+
+def restore_leftovers(node: Node, name: str) -> list[str]:
+    """What a failed restore must not leave: container, task, snapshot, work and record dirs."""
+    found = [f"container {n}" for n in listed(node, "containers", "ls") if n == name]
+    found += [f"task {n}" for n in listed(node, "tasks", "ls") if n == name]
+    found += [f"snapshot {n}" for n in listed(node, "snapshots", "ls") if n == name]
+    state = state_dir(node)
+    found += [str(p) for p in (state / "restore-work").glob("*")]
+    found += [str(p) for p in (state / "containers").glob(f"*/{name}*")]
+    found += [str(p) for p in (state / "pod-files").glob(f"*{name}*")]
+    runc_state = Path("/run/containerd/runc") / node.namespace   # runc's root for the node
+    found += [str(runc_state / name)] if (runc_state / name).exists() else []
+    return found + mounts_under(state) + mounts_under(runc_state)
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mounts a killed CRIU would leave (its cgroup yard, in its work directory)."""
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/self/mountinfo") as f:
+        return [f"mount {p}" for p in (line.split()[4] for line in f) if p.startswith(prefix)]
+
+
+def checkpoint_leftovers(node: Node) -> list[str]:
+    """What a failed checkpoint must not leave: journals, locks, scratch space, leases."""
+    root = state_dir(node) / "checkpoints"
+    found = [str(p) for p in root.glob("*") if p.name != "locks"]
+    found += [str(p) for p in (root / "locks").glob("*")]
+    found += [str(p) for p in (node.root.parent.parent / "deadlines-store" / "scratch").glob("*")]
+    found += [f"lease {lease}" for lease in node.ctr("leases", "ls", "-q").stdout.split()]
+    return found + mounts_under(state_dir(node))
+
+
+@pytest.mark.parametrize("action", ["setup-namespaces", "post-restore"])
+def test_a_restore_whose_criu_hangs_is_killed_and_leaves_nothing(
+        dnode: Node, hangs: Path, tmp_path: Path, action: str) -> None:
+    source, name = f"hr-src-{action}", f"hr-{action}"
+    with containers(dnode) as names:
+        counter(dnode, names, source)
+        torpor(dnode, "checkpoint", source, "-o", str(tmp_path / "ck"), "--leave-running")
+        names.append(name)
+        with hang_at(hangs, action) as hung:
+            started = time.monotonic()
+            cli = subprocess.Popen([str(dnode.bin_dir / "torpor"), "restore", str(tmp_path / "ck"),
+                                    "--name", name], env=dnode.env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                hung_pids = hung_processes(hung)
+                out, err = cli.communicate(timeout=TIMEOUT_S + 120)
+            finally:
+                if cli.poll() is None:
+                    cli.kill()
+                    cli.communicate()
+            took = time.monotonic() - started
+        # it returned within the deadline, saying which step and where CRIU stood
+        assert cli.returncode != 0, out
+        assert took < TIMEOUT_S + SLACK_S, (took, err)
+        assert "runc restore (CRIU) did not finish within" in err, err
+        assert f"Running {action} scripts" in err, err
+        # the hung CRIU, its script and runc are gone, and so is everything of the restore
+        assert [p for p in hung_pids if alive(p)] == [], hung_pids
+        assert restore_leftovers(dnode, name) == []
+        # the name is free again: the same restore, without the hang, succeeds
+        restored_from = read_counter(dnode, source)
+        torpor(dnode, "restore", str(tmp_path / "ck"), "--name", name)
+        assert task_status(dnode, name) == "RUNNING"
+        wait_counter_above(dnode, name, read_counter(dnode, name) + 3)
+        assert read_counter(dnode, name) > 0 and restored_from > 0
+
+
+@pytest.mark.parametrize("action", ["pre-dump", "post-dump"])
+def test_a_checkpoint_whose_criu_hangs_is_killed_and_the_workload_runs_on(
+        dnode: Node, hangs: Path, tmp_path: Path, action: str) -> None:
+    name = f"hc-{action}"
+    with containers(dnode) as names:
+        before = counter(dnode, names, name)
+        with hang_at(hangs, action) as hung:
+            started = time.monotonic()
+            cli = subprocess.Popen([str(dnode.bin_dir / "torpor"), "checkpoint", name, "-o",
+                                    str(tmp_path / "ck")], env=dnode.env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            try:
+                hung_pids = hung_processes(hung)
+                out, err = cli.communicate(timeout=TIMEOUT_S + 120)
+            finally:
+                if cli.poll() is None:
+                    cli.kill()
+                    cli.communicate()
+            took = time.monotonic() - started
+        assert cli.returncode != 0, out
+        assert took < TIMEOUT_S + SLACK_S, (took, err)
+        assert "runc checkpoint (CRIU) did not finish within" in err, err
+        assert f"Running {action} scripts" in err, err
+        assert f"{name} runs on, as before" in err, err
+        assert [p for p in hung_pids if alive(p)] == [], hung_pids
+        # the workload was not lost: running, thawed, counting on from where it was
+        assert task_status(dnode, name) == "RUNNING"
+        assert freezer_state(task_pid(dnode, name)) == "THAWED"
+        assert read_counter(dnode, name) >= before
+        wait_counter_above(dnode, name, read_counter(dnode, name) + 3)
+        assert not (tmp_path / "ck").exists()
+        assert checkpoint_leftovers(dnode) == []
+        # the container's lock is free: the next checkpoint proceeds, and restores
+        torpor(dnode, "checkpoint", name, "-o", str(tmp_path / "ck2"), "--leave-running")
+        assert (tmp_path / "ck2" / "checkpoint.json").exists()
+        assert os.listdir(tmp_path / "ck2" / "criu")
