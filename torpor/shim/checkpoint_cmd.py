@@ -306,6 +306,15 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
     if ended is None:
         ran_inv = Invocation(argv)
         deadlines.remove_criu_yards(ran_inv.flag("work-path") or ran_inv.flag("image-path"))
+        decision = journal.decision() if journal is not None else None
+        if decision is not None and decision.commit:
+            # CRIU hung after the commit, the checkpoint complete: the container stops, as
+            # CRIU was about to stop it, and the checkpoint stands
+            runc.delete_force(ctx.runtime, ran_inv, ran_inv.container_id or "")
+            ctx.log.warning(f"runc checkpoint (CRIU) did not finish within {limit:.0f}s after "
+                            "the checkpoint was complete: it was killed and the container "
+                            "stopped")
+            return RuncRun(0, b"", b"")
         return RuncRun(proc.returncode or -9, b"", b"", (), limit)
     output, errors = ended
     if interrupted:
