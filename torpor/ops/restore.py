@@ -166,7 +166,9 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         with store.scratch() as scratch:
             progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
             directory = str(scratch / "checkpoint")
-            metadata = kube.to_directory(client, kube_archive.read(source), directory, progress)
+            with _deadline(cfg, f"reading the kubelet checkpoint {source}"):
+                metadata = kube.to_directory(client, kube_archive.read(source), directory,
+                                             progress)
             approved = approve(metadata, options, cfg, client.namespace)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings)

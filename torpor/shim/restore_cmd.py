@@ -135,7 +135,7 @@ def run(ctx: Context) -> int:
     if state is None:
         if changed:
             spec.flush(bundle, config)
-        lowlevel.exec_runtime(ctx.runtime, inv.argv)
+        return _runc_restore(ctx, inv.argv, image_path, plain=True)  # runc's own checkpoint
     assert state is not None
     from torpor.gpu import restore as gpu_restore
 
@@ -180,11 +180,14 @@ def run(ctx: Context) -> int:
     return 0
 
 
-def _runc_restore(ctx: Context, argv: list[str], image_path: str) -> int:
-    """`runc restore` (step 7), with its deadline when detached: runc then returns once CRIU is
-    done (in the foreground it lives as long as the container, and has none)."""
+def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = False) -> int:
+    """`runc restore` (step 7, or all of a `plain` runc checkpoint's restore), with its
+    deadline when detached: runc then returns once CRIU is done (in the foreground it lives as
+    long as the container, and has none: a plain one is then exec'd, as before)."""
     inv = ctx.inv
     if not inv.has("detach", "d") or ctx.cfg.restore_timeout_s <= 0:
+        if plain:
+            lowlevel.exec_runtime(ctx.runtime, argv)
         return runc.run(ctx.runtime, argv)
     from torpor.capture import deadlines
 
