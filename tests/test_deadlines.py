@@ -59,15 +59,18 @@ def hangs(session_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dnode(nodes: Nodes, session_dir: Path, hangs: Path) -> Node:
-    """A node whose CRIU runs the test's action script, with short deadlines."""
+def dnode(nodes: Nodes, session_dir: Path, hangs: Path, containerd_version: str,
+          runc_version: str) -> Node:
+    """A node whose CRIU runs the test's action script, with short deadlines, of the versions
+    the session asks for (`pytest --containerd 2 --runc 1.3`)."""
     config = session_dir / "deadlines.toml"
     config.write_text(f'[runtime]\nstate_dir = "{session_dir}/deadlines-state"\n'
                       f'[image]\nstore = "{session_dir}/deadlines-store"\n'
                       f'[checkpoint]\ntimeout_s = {TIMEOUT_S}\n'
                       f'[restore]\ntimeout_s = {TIMEOUT_S}\n')
     return nodes.start("deadlines", config=config,
-                       extra_env={"CRIU_CONFIG_FILE": str(hangs / "criu.conf")})
+                       extra_env={"CRIU_CONFIG_FILE": str(hangs / "criu.conf")},
+                       containerd=containerd_version, runc=runc_version)
 
 
 def state_dir(node: Node) -> Path:
