@@ -1,13 +1,13 @@
 """Deadlines for the steps of a checkpoint and a restore, and the end of what overstays one.
 
-A step that runs a program (torpor-runc running runc, which starts CRIU in swrk mode, in its
-own process group and, once runc has applied the container's cgroups, in the container's
-cgroup) waits for it with `wait`: past the deadline the program and everything it started are
-stopped (SIGSTOP: none of them forks again), then killed (SIGKILL). They are found from the
-child torpor started, by parentage, and in the cgroups they were in that are not torpor's own
-(the container's, which runc made for this call); never by name. A step that runs in this
-process (unpacking) runs under `step`: SIGALRM breaks what blocks it (a FIFO where a file
-should be), in the main thread.
+A step that runs a program (torpor-runc running runc, which starts CRIU in swrk mode as its
+child, in its process group; CRIU's action scripts and the tasks it restores are CRIU's
+children) waits for it with `wait`: past the deadline the program and everything it started
+are stopped (SIGSTOP: none of them forks again), then killed (SIGKILL). They are found from the
+child torpor started, by parentage, never by name; the cgroup of a half-restored container is
+runc's to empty (`runc delete --force`), not torpor's: a checkpoint's spec names it. A step
+that runs in this process (unpacking) runs under `step`: SIGALRM breaks what blocks it (a FIFO
+where a file should be), in the main thread.
 
 Each deadline is a base from the configuration plus PER_GIB_S per GiB of what the step
 handles (CRIU's images, the container's memory), so large workloads are not cut short.
@@ -48,12 +48,11 @@ def tree_bytes(path: str) -> int:
 
 
 def wait(proc: subprocess.Popen[bytes], limit_s: float, held: Callable[[], bool] | None = None,
-         output: bool = False, container_cgroups: bool = False) -> tuple[bytes, bytes] | None:
+         output: bool = False) -> tuple[bytes, bytes] | None:
     """Wait for `proc` (its stdout and stderr when `output`, else empty): None when it was not
-    done within `limit_s`, then it and everything it started are killed and reaped (with
-    `container_cgroups`, also every process in the cgroups runc moved them into, which are then
-    removed: a restore's). While `held()` is true the clock stands (someone else decides how
-    long that lasts); it starts again, from zero, when `held()` is false again."""
+    done within `limit_s`, then it and everything it started are killed and reaped. While
+    `held()` is true the clock stands (someone else decides how long that lasts); it starts
+    again, from zero, when `held()` is false again."""
     deadline = time.monotonic() + limit_s
     while True:
         try:
@@ -67,54 +66,29 @@ def wait(proc: subprocess.Popen[bytes], limit_s: float, held: Callable[[], bool]
         if held is not None and held():
             deadline = time.monotonic() + limit_s
         elif time.monotonic() >= deadline:
-            cgroups = kill_tree(proc.pid, container_cgroups)
+            kill_tree(proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=10)
-            remove_cgroups(cgroups)
             return None
 
 
-def kill_tree(root: int, container_cgroups: bool = False) -> set[str]:
-    """SIGKILL `root` (a child of this process) and everything below it; with
-    `container_cgroups`, also every process in the cgroups they are in that this process is
-    not (a restored container's, which runc made for this call): those cgroups."""
+def kill_tree(root: int) -> list[int]:
+    """SIGKILL `root` (a child of this process) and everything below it, stopped first so that
+    none forks meanwhile; the pids killed."""
     stopped: list[int] = []
-    cgroups: set[str] = set()
-    own = _cgroup_dirs(os.getpid()) if container_cgroups else set()
     for _ in range(50):  # until a pass finds no process it had not stopped yet
-        found = [p for p in [root, *descendants(root)] if p not in stopped]
-        for extra in sorted(cgroups):
-            found += [p for p in _procs(extra) if p not in stopped and p not in found]
-        found = [p for p in found if p not in (os.getpid(), os.getppid(), 1)]
+        found = [p for p in [root, *descendants(root)]
+                 if p not in stopped and p not in (os.getpid(), os.getppid(), 1)]
         if not found:
             break
         for pid in found:
-            if container_cgroups:
-                cgroups |= _cgroup_dirs(pid) - own
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
             stopped.append(pid)
     for pid in stopped:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    return cgroups
-
-
-def remove_cgroups(cgroups: set[str], within_s: float = 3.0) -> None:
-    """rmdir each cgroup once the processes killed in it are gone (children first)."""
-    deadline = time.monotonic() + within_s
-    left = sorted(cgroups, key=len, reverse=True)
-    while left and time.monotonic() < deadline:
-        for path in list(left):
-            try:
-                os.rmdir(path)
-                left.remove(path)
-            except FileNotFoundError:
-                left.remove(path)
-            except OSError:
-                pass
-        if left:
-            time.sleep(TICK_S)
+    return stopped
 
 
 def descendants(root: int) -> list[int]:
@@ -139,38 +113,6 @@ def descendants(root: int) -> list[int]:
                 out.append(child)
                 todo.append(child)
     return out
-
-
-def _cgroup_dirs(pid: int) -> set[str]:
-    """The cgroup directories of `pid` (every v1 hierarchy, or the v2 one), root cgroups left
-    out."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return set()
-    out = set()
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3 or parts[2] in ("", "/"):
-            continue
-        controllers = parts[1].removeprefix("name=")
-        base = "/sys/fs/cgroup" if not controllers else os.path.join("/sys/fs/cgroup",
-                                                                      controllers)
-        if not controllers and not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-            base = "/sys/fs/cgroup/unified"
-        path = os.path.join(base, parts[2].lstrip("/"))
-        if os.path.isdir(path):
-            out.add(path)
-    return out
-
-
-def _procs(cgroup_dir: str) -> list[int]:
-    try:
-        with open(os.path.join(cgroup_dir, "cgroup.procs")) as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 @contextlib.contextmanager
