@@ -41,6 +41,7 @@ SLACK_S = 25       # what a loaded 2-core machine may add to the deadline
 HANG = """#!/bin/sh
 # CRIU's action script for tests/test_deadlines.py: sleep at the action named by a marker
 [ -e "{dir}/hang-$CRTOOLS_SCRIPT_ACTION" ] || exit 0
+cat /proc/$PPID/cgroup > "{dir}/cgroup-$CRTOOLS_SCRIPT_ACTION"
 echo "$$ $PPID" > "{dir}/hung-$CRTOOLS_SCRIPT_ACTION.tmp"
 mv "{dir}/hung-$CRTOOLS_SCRIPT_ACTION.tmp" "{dir}/hung-$CRTOOLS_SCRIPT_ACTION"
 exec sleep 3600
@@ -107,6 +108,17 @@ def hung_processes(hung: Path) -> list[int]:
     wait_for(hung.exists, timeout=120, what=f"CRIU to reach {hung.name}")
     script, criu = (int(p) for p in hung.read_text().split())
     return [script, criu, parent_of(criu)]
+
+
+def container_processes(cgroup_file: Path) -> list[int]:
+    """What is left in the (freezer, or v2) cgroup CRIU was in: the restored container's."""
+    for line in cgroup_file.read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(",") or controllers == "":
+            base = "/sys/fs/cgroup/freezer" if controllers else "/sys/fs/cgroup"
+            procs = Path(base + path) / "cgroup.procs"
+            return [int(p) for p in procs.read_text().split()] if procs.exists() else []
+    return []
 
 
 def parent_of(pid: int) -> int:
@@ -190,8 +202,11 @@ def test_a_restore_whose_criu_hangs_is_killed_and_leaves_nothing(
         assert took < TIMEOUT_S + SLACK_S, (took, err)
         assert "runc restore (CRIU) did not finish within" in err, err
         assert f"Running {action} scripts" in err, err
-        # the hung CRIU, its script and runc are gone, and so is everything of the restore
+        # the hung CRIU, its script and runc are gone, and so is everything of the restore:
+        # no process of the half-restored container (runc put CRIU in its cgroup) either
+        print(f"{action}: returned after {took:.1f}s (deadline {TIMEOUT_S}s)")
         assert [p for p in hung_pids if alive(p)] == [], hung_pids
+        assert container_processes(hangs / f"cgroup-{action}") == []
         assert restore_leftovers(dnode, name) == []
         # the name is free again: the same restore, without the hang, succeeds
         restored_from = read_counter(dnode, source)
@@ -237,6 +252,7 @@ def test_a_checkpoint_whose_criu_hangs_before_the_dump_is_killed_and_the_workloa
         assert "runc checkpoint (CRIU) did not finish within" in err, err
         assert "Running pre-dump scripts" in err, err
         assert f"{name} {'was never stopped' if flags else 'runs on, as before'}" in err, err
+        print(f"checkpoint {flags}: returned after {took:.1f}s (deadline {TIMEOUT_S}s)")
         assert [p for p in hung_pids if alive(p)] == [], hung_pids
         # the workload was not lost: running, thawed, counting on from where it was
         assert task_status(dnode, name) == "RUNNING"
@@ -262,6 +278,7 @@ def test_a_criu_that_hangs_after_the_commit_is_killed_and_the_checkpoint_stands(
         result, took, hung_pids = checkpoint_hung_at(dnode, hangs, "post-dump", name, "-o",
                                                      str(tmp_path / "ck"))
         assert result.returncode == 0, result.stderr
+        print(f"after the commit: returned after {took:.1f}s (deadline {TIMEOUT_S}s)")
         assert took < TIMEOUT_S + SLACK_S, (took, result.stderr)
         assert [p for p in hung_pids if alive(p)] == [], hung_pids
         assert task_status(dnode, name) == "STOPPED"
