@@ -287,3 +287,39 @@ def test_a_criu_that_hangs_after_the_commit_is_killed_and_the_checkpoint_stands(
         torpor(dnode, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
         assert read_counter(dnode, f"{name}-b") >= before
         wait_counter_above(dnode, f"{name}-b", read_counter(dnode, f"{name}-b") + 3)
+
+
+def test_a_torpor_runc_that_hangs_is_given_up_and_the_workload_runs_on(
+        dnode: Node, tmp_path: Path) -> None:
+    """torpor-runc itself holds (the test hold at `frozen`, the container frozen), past the
+    deadline `torpor checkpoint` gives Tasks.Checkpoint: the checkpoint is called off, and
+    when torpor-runc goes on it finds it so, thaws the container and ends."""
+    from torpor.ops.checkpoint_dir import RUNTIME_SLACK_S
+    from torpor.ops.transaction import OVERRAN_SETTLE_S
+
+    name = "hc-runtime"
+    marker = state_dir(dnode) / "test-hold" / "frozen"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with containers(dnode) as names:
+        before = counter(dnode, names, name)
+        marker.touch()
+        try:
+            started = time.monotonic()
+            result = torpor(dnode, "checkpoint", name, "-o", str(tmp_path / "ck"), check=False)
+            took = time.monotonic() - started
+        finally:
+            marker.unlink(missing_ok=True)
+        limit = TIMEOUT_S + RUNTIME_SLACK_S
+        print(f"held torpor-runc: returned after {took:.1f}s (deadline {limit:.0f}s)")
+        assert result.returncode != 0, result.stdout
+        assert f"did not finish within {limit:.0f}s" in result.stderr, result.stderr
+        assert "Tasks.Checkpoint" in result.stderr, result.stderr
+        assert took < limit + OVERRAN_SETTLE_S + SLACK_S, took
+        assert not (tmp_path / "ck").exists()
+        # torpor-runc goes on, finds the checkpoint called off, thaws the container
+        wait_for(lambda: freezer_state(task_pid(dnode, name)) == "THAWED", timeout=30,
+                 what=f"{name} to be thawed")
+        assert task_status(dnode, name) == "RUNNING"
+        wait_counter_above(dnode, name, max(before, read_counter(dnode, name)) + 3)
+        wait_for(lambda: checkpoint_leftovers(dnode) == [], timeout=30,
+                 what="the checkpoint's journal, lock and lease to go")

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torpor.formats.state import ContainerState
 
 SETTLE_S = 2.0   # after the runtime is done, how long containerd may take to answer
+OVERRAN_SETTLE_S = 10.0  # how long an abort waits for a runtime already past its deadline
 
 
 class Transaction:
@@ -94,6 +95,7 @@ class Transaction:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 self.journal.mark(journals.CANCELLED)
+                self.limit_s = OVERRAN_SETTLE_S  # the abort waits for it only that long
                 raise DeadlineExceeded(
                     f"the dump (Tasks.Checkpoint: torpor-runc, runc, CRIU) did not finish "
                     f"within {limit_s:.0f}s", hint="[checkpoint] timeout_s sets the deadline")
