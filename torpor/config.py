@@ -33,6 +33,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "rootfs": (bool, True, "save the container's read-write layer inside the image dir"),
         "tcp_established": (bool, False, "defaults for checkpoints started by ctr/nerdctl"),
         "file_locks": (bool, False, ""),
+        "timeout_s": (int, 300, "how long runc and CRIU may take to dump, plus 10 s per GiB "
+                      "of the container's memory; then they are killed, the container runs on"),
     },
     "gpu": {
         "cuda_library": (str, "libcuda.so.1", "the CUDA driver library"),
@@ -76,6 +78,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                        'trusted key or made here), "if-present" (a signature must verify) '
                        'or "off"'),
         "trusted_keys": (list, [], "PEM public keys (cosign.pub) whose signatures are trusted"),
+        "timeout_s": (int, 300, "how long each restore step may take (unpacking, runc and "
+                      "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
     },
     "registry": {
         "docker_config": (str, "",
@@ -94,6 +98,7 @@ class Config:
         "checkpoint_file_locks",
         "checkpoint_rootfs",
         "checkpoint_tcp_established",
+        "checkpoint_timeout_s",
         "checkpoint_volumes",
         "gpu_cuda_library",
         "gpu_driver_timeout_s",
@@ -121,6 +126,7 @@ class Config:
         "restore_max_unpacked_bytes",
         "restore_mount_sources",
         "restore_signatures",
+        "restore_timeout_s",
         "restore_trusted_keys",
         "runtime_hook_path",
         "runtime_path",
@@ -135,6 +141,7 @@ class Config:
     checkpoint_rootfs: bool
     checkpoint_tcp_established: bool
     checkpoint_file_locks: bool
+    checkpoint_timeout_s: int
     gpu_cuda_library: str
     gpu_nvml_library: str
     gpu_lock_timeout_ms: int
@@ -158,6 +165,7 @@ class Config:
     restore_max_files: int
     restore_signatures: str
     restore_trusted_keys: list[str]
+    restore_timeout_s: int
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

@@ -10,6 +10,8 @@
     ├── CheckpointError              exit 1   a checkpoint step failed (the workload keeps running)
     │   └── CriuError                         CRIU's own reason, with the log it came from
     ├── RestoreError                 exit 1   a restore step failed (nothing is left behind)
+    ├── DeadlineExceeded             exit 1   a step overran its deadline ([restore]/[checkpoint]
+    │                                         timeout_s); what it ran was killed and undone
     ├── NetworkError                 exit 1   capturing or applying network configuration
     ├── FormatError                  exit 1   a file torpor reads is malformed or of an unknown version
     ├── ImageError                   exit 1   a checkpoint image or layout is malformed
@@ -87,6 +89,10 @@ class CriuError(CheckpointError):
 
 
 class RestoreError(TorporError):
+    pass
+
+
+class DeadlineExceeded(TorporError):
     pass
 
 

@@ -194,15 +194,17 @@ class Client:
                          tasks_pb2.GetRequest(container_id=container_id), tasks_pb2.GetResponse,
                          f"task {container_id}")
 
-    def create_task(self, request: tasks_pb2.CreateTaskRequest) -> tasks_pb2.CreateTaskResponse:
+    def create_task(self, request: tasks_pb2.CreateTaskRequest,
+                    timeout: float | None = None) -> tasks_pb2.CreateTaskResponse:
         return self.call("/containerd.services.tasks.v1.Tasks/Create", request,
                          tasks_pb2.CreateTaskResponse, f"create task {request.container_id}",
-                         timeout=None)
+                         timeout=timeout)
 
-    def start_task(self, container_id: str) -> int:
+    def start_task(self, container_id: str, timeout: float | None = None) -> int:
         return self.call("/containerd.services.tasks.v1.Tasks/Start",
                          tasks_pb2.StartRequest(container_id=container_id),
-                         tasks_pb2.StartResponse, f"start task {container_id}", timeout=None).pid
+                         tasks_pb2.StartResponse, f"start task {container_id}",
+                         timeout=timeout).pid
 
     def delete_task(self, container_id: str) -> None:
         self.call("/containerd.services.tasks.v1.Tasks/Delete",
@@ -214,8 +216,8 @@ class Client:
                     tasks_pb2.KillRequest(container_id=container_id, signal=signal,
                                           all=all_processes), f"kill task {container_id}")
 
-    def checkpoint_task(self, container_id: str,
-                        options: runc_options_pb2.CheckpointOptions) -> list[types_pb2.Descriptor]:
+    def checkpoint_task(self, container_id: str, options: runc_options_pb2.CheckpointOptions,
+                        timeout: float | None = None) -> list[types_pb2.Descriptor]:
         from torpor.containerd.runtime import CHECKPOINT_OPTIONS_TYPE_URL, pack_any
 
         request = tasks_pb2.CheckpointTaskRequest(
@@ -223,7 +225,7 @@ class Client:
             options=pack_any(CHECKPOINT_OPTIONS_TYPE_URL, options.SerializeToString()))
         return list(self.call("/containerd.services.tasks.v1.Tasks/Checkpoint", request,
                               tasks_pb2.CheckpointTaskResponse,
-                              f"checkpoint task {container_id}", timeout=None).descriptors)
+                              f"checkpoint task {container_id}", timeout=timeout).descriptors)
 
     def wait_task(self, container_id: str, timeout: float | None = None) -> tasks_pb2.WaitResponse:
         return self.call("/containerd.services.tasks.v1.Tasks/Wait",

@@ -54,7 +54,8 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     options = runc_runtime.checkpoint_options(request.criu, **paths)
     progress.step("checkpointing the task (torpor-runc, CRIU)")
     t0 = time.monotonic()
-    txn.dump(lambda: txn.client.checkpoint_task(record.id, options), criu_dir)
+    txn.dump(lambda: txn.client.checkpoint_task(record.id, options), criu_dir,
+             dump_deadline(txn, record.id))
     checkpoint_s = time.monotonic() - t0
     state = txn.state(criu_dir)
     # 5. the directory's layout
@@ -85,6 +86,24 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
         files=files)
     checkpoint_dir.write_metadata(directory, metadata)
     return metadata
+
+
+RUNTIME_SLACK_S = 30.0   # past the deadline torpor-runc keeps for runc and CRIU
+
+
+def dump_deadline(txn: Transaction, container_id: str) -> float | None:
+    """How long Tasks.Checkpoint may take to dump: `[checkpoint] timeout_s` plus 10 s per GiB
+    of the container's memory, as torpor-runc reckons it, plus RUNTIME_SLACK_S."""
+    from torpor.capture import deadlines
+
+    if txn.cfg.checkpoint_timeout_s <= 0:
+        return None
+    try:
+        pid = txn.client.get_task(container_id).process.pid
+    except Exception:
+        pid = 0
+    return deadlines.budget(txn.cfg.checkpoint_timeout_s, deadlines.memory_bytes(pid)) \
+        + RUNTIME_SLACK_S
 
 
 def _lay_out(directory: str, criu_dir: str, work_dir: str) -> None:

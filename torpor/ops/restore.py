@@ -30,6 +30,10 @@ snapshot or scratch directory is left):
     restored init's fd 0 is a pipe a later checkpoint can dump) and the grant record that
     torpor-runc checks the spec against again; Tasks.Start runs torpor-runc restore, which puts
     back the CRIU flags, network, volumes and GPU state.
+Each step has a deadline, `[restore] timeout_s` plus 10 s per GiB it handles (torpor.deadlines):
+unpacking and reading run under SIGALRM, containerd's task calls under gRPC deadlines a little
+longer than the one torpor-runc keeps for runc and CRIU (it kills them and the half-restored
+container), so the error comes from where the restore stood, and the undo runs.
 The checkpoint itself is only read.
 """
 
@@ -47,14 +51,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torpor import criu_images, signing
-from torpor.capture import pod, restore_policy
+from torpor.capture import deadlines, pod, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, NotFound, RestoreError
+from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
@@ -167,7 +171,8 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     if kind is SourceKind.DIRECTORY:
         # 1. the directory, every file checked, 2. this node, 3. the policy
         progress.step(f"checking {os.path.abspath(source)}")
-        metadata = checkpoint_dir.load(source, max_files=limits.max_files)
+        with _deadline(cfg, f"reading the checkpoint {os.path.abspath(source)}"):
+            metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         compat.check(metadata, cfg)
         approved = approve(metadata, options, cfg, client.namespace)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
@@ -176,7 +181,9 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         with store.scratch() as scratch:
             progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
             directory = str(scratch / "checkpoint")
-            metadata = kube.to_directory(client, kube_archive.read(source), directory, progress)
+            with _deadline(cfg, f"reading the kubelet checkpoint {source}"):
+                metadata = kube.to_directory(client, kube_archive.read(source), directory,
+                                             progress)
             approved = approve(metadata, options, cfg, client.namespace)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings)
@@ -230,13 +237,17 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         progress.step("unpacking the CRIU images")
         t = time.monotonic()
         directory = str(scratch / "checkpoint")
-        unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
-                            metadata=metadata)
+        with _deadline(cfg, "unpacking the CRIU images", metadata.sizes.total):
+            unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
+                                metadata=metadata)
         with client.lease():
             progress.step(f"importing the runnable image {name} into containerd")
-            chain = unpack.import_runnable(client, image, layout, name, keys, str(scratch))
+            with _deadline(cfg, f"importing the runnable image {name}",
+                           metadata.sizes.rootfs_diff):
+                chain = unpack.import_runnable(client, image, layout, name, keys, str(scratch))
             timings["unpack_s"] = time.monotonic() - t
-            metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
+            with _deadline(cfg, "reading the unpacked checkpoint"):
+                metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings, rootfs_image=chain)
 
@@ -284,7 +295,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         undo.callback(_quietly, client.remove_snapshot, snapshotter, name)
         diff = os.path.join(directory, names.ROOTFS_DIFF)
         if rootfs_image is None and os.path.exists(diff) and os.path.getsize(diff) > 0:
-            snapshots.apply_rw_layer(client, diff, mounts)
+            with _deadline(cfg, "applying the read-write layer", os.path.getsize(diff)):
+                snapshots.apply_rw_layer(client, diff, mounts)
         # 7. the container
         # the checkpoint's labels only where the policy names them: containerd's restart
         # monitor acts on containerd.io/restart.* (a binary:// log URI runs a host program),
@@ -305,17 +317,22 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         undo.callback(_quietly, os.unlink, grant)
         progress.step("restoring the task (torpor-runc, CRIU)")
         t0 = time.monotonic()
+        limit = task_deadline(cfg, directory)
+        outer = limit + RUNTIME_SLACK_S if limit else None
         client.create_task(tasks_pb2.CreateTaskRequest(
             container_id=name, rootfs=mounts, stdin=_stdin_fifo(work), stdout=log_uri,
             stderr=log_uri,
             options=runc_runtime.runc_options(
                 runtime, criu_image_path=os.path.join(directory, names.CRIU_DIR),
-                criu_work_path=work)))
-        undo.callback(_quietly, client.delete_task, name)
+                criu_work_path=work)), timeout=limit)
+        undo.callback(_remove_task, client, name)
         try:
-            pid = client.start_task(name)
+            pid = client.start_task(name, timeout=outer)
         except Exception as e:
             kept = _keep_restore_log(cfg, client.namespace, name, work)
+            if isinstance(e, ContainerdError) and "deadline exceeded" in str(e).lower():
+                e = RestoreError(f"Tasks.Start (torpor-runc restore, runc, CRIU) did not "
+                                 f"finish within {outer or 0:.0f}s")
             raise RestoreError(f"restoring {name} failed: {e}",
                                hint=f"CRIU's log: {kept}" if kept else None) from None
         timings["restore_s"] = time.monotonic() - t0
@@ -324,6 +341,37 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     _quietly(os.unlink, grant)
     timings["total_s"] = time.monotonic() - started
     return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
+
+
+RUNTIME_SLACK_S = 30.0  # containerd's deadline on Tasks.Start, past torpor-runc's on runc
+
+
+def task_deadline(cfg: Config, directory: str) -> float | None:
+    """How long runc restore and CRIU may take for the CRIU images in `directory`."""
+    if cfg.restore_timeout_s <= 0:
+        return None
+    return deadlines.budget(cfg.restore_timeout_s,
+                            deadlines.tree_bytes(os.path.join(directory, names.CRIU_DIR)))
+
+
+def _deadline(cfg: Config, what: str, size: int = 0) -> contextlib.AbstractContextManager[None]:
+    """A step of this process within `[restore] timeout_s` (plus 10 s per GiB of `size`)."""
+    return deadlines.step(what, deadlines.budget(cfg.restore_timeout_s, size)
+                          if cfg.restore_timeout_s > 0 else 0, "[restore] timeout_s")
+
+
+def _remove_task(client: Client, name: str) -> None:
+    """Undo of the task: deleted; one whose runtime was cut off is killed first."""
+    try:
+        client.delete_task(name)
+        return
+    except NotFound:
+        return
+    except ContainerdError:
+        pass
+    _quietly(client.kill_task, name, 9, True)
+    _quietly(client.wait_task, name, 10.0)
+    _quietly(client.delete_task, name)
 
 
 def _base_image(client: Client, metadata: CheckpointMetadata, progress: Progress) -> BaseImage:

@@ -27,7 +27,7 @@ from torpor.capture import journal as journals
 from torpor.capture.journal import Journal
 from torpor.config import Config
 from torpor.containerd.client import Client
-from torpor.errors import CheckpointError, ContainerdError
+from torpor.errors import CheckpointError, ContainerdError, DeadlineExceeded
 from torpor.formats import state as container_state
 from torpor.formats.journal import CheckpointJournal, Decision, JournalTarget
 from torpor.reporting import Progress
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torpor.formats.state import ContainerState
 
 SETTLE_S = 2.0   # after the runtime is done, how long containerd may take to answer
+OVERRAN_SETTLE_S = 10.0  # how long an abort waits for a runtime already past its deadline
 
 
 class Transaction:
@@ -51,6 +52,7 @@ class Transaction:
         self.call: _Call | None = None
         self.decided: Decision | None = None
         self.stopped_by_dump = False   # an older torpor-runc stopped it at the dump
+        self.limit_s: float | None = None   # the dump's deadline (see dump)
         self._leases = contextlib.ExitStack()
 
     @classmethod
@@ -74,12 +76,16 @@ class Transaction:
 
     # The dump --------------------------------------------------------------------------------
 
-    def dump(self, checkpoint: Callable[[], object], criu_dir: str) -> None:
+    def dump(self, checkpoint: Callable[[], object], criu_dir: str,
+             limit_s: float | None = None) -> None:
         """Run Tasks.Checkpoint (under a lease) until CRIU's images are complete: CRIU then
-        holds the container (two-phase) or it runs on (leave-running)."""
+        holds the container (two-phase) or it runs on (leave-running). Past `limit_s` (longer
+        than the deadline torpor-runc keeps for runc and CRIU) the dump is called off."""
         lease = self.client.create_lease()
         self._leases.enter_context(self.client.using_lease(lease))
         self.step("dumping", lease=lease)
+        self.limit_s = limit_s
+        deadline = time.monotonic() + limit_s if limit_s else None
         self.call = _Call(checkpoint)
         self.call.start()
         dumped = self.journal.file(journals.DUMPED)
@@ -87,6 +93,12 @@ class Transaction:
             if self.two_phase and os.path.exists(dumped):
                 self.step("dumped")
                 return
+            if deadline is not None and time.monotonic() > deadline:
+                self.journal.mark(journals.CANCELLED)
+                self.limit_s = OVERRAN_SETTLE_S  # the abort waits for it only that long
+                raise DeadlineExceeded(
+                    f"the dump (Tasks.Checkpoint: torpor-runc, runc, CRIU) did not finish "
+                    f"within {limit_s:.0f}s", hint="[checkpoint] timeout_s sets the deadline")
         if self.call.error is None:
             if self.two_phase and not os.path.exists(dumped):
                 self.stopped_by_dump = True  # not held: the dump is the only copy now
@@ -162,7 +174,12 @@ class Transaction:
             return
         runtime = self.journal.file(journals.RUNTIME_LOCK)
         free_since: float | None = None
+        # a runtime past its own deadline is not waited for forever: the decision is written,
+        # so CRIU can no longer stop the container, only let it run on
+        give_up = time.monotonic() + self.limit_s if self.limit_s else None
         while not self.call.done.wait(0.02):
+            if give_up is not None and time.monotonic() > give_up:
+                return
             if journals.is_locked(runtime):
                 free_since = None
             elif free_since is None:

@@ -16,7 +16,10 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
     freezes it (torpor.shim.pre_dump), after runc's and CRIU's start-up, and steps 5 and 6
     swap: the files are saved once runc is done, the container still frozen;
  5. files: the read-write layer, bind-mounted volumes and a bind-mounted /dev/shm, per policy;
- 6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container. For a
+ 6. `runc checkpoint` with the caller's argv: CRIU dumps the (frozen) container, within
+    `[checkpoint] timeout_s` (plus 10 s per GiB of the container's memory; the clock stands
+    while the post-dump hook waits for `torpor checkpoint`'s decision): past it runc and CRIU
+    are killed (never the container) and the steps before are undone. For a
     `torpor checkpoint` that stops the container, CRIU's post-dump hook (torpor.shim.post_dump)
     holds the container until that `torpor` has written the whole checkpoint: commit, and CRIU
     stops it; abort (or that `torpor` dies), and CRIU lets it run on;
@@ -154,7 +157,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                         started, we_froze, seal).dumps().decode())
                     env = post_dump.install(journal)
                 t = time.monotonic()
-                ran = run_runc(ctx, argv, guardian, env)
+                ran = run_runc(ctx, argv, guardian, env, journal, pid)
                 timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
         state = _state(container_id, pid, criu, policy, network, saved, tree, gpu, timings,
@@ -201,7 +204,7 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     saved = SavedFiles()
     try:
         t = time.monotonic()
-        ran = run_runc(ctx, argv, guardian, hook.env())
+        ran = run_runc(ctx, argv, guardian, hook.env(), journal, pid)
         timings["runc_checkpoint_s"] = time.monotonic() - t
         we_froze = hook.froze()
         if ran.code == 0:
@@ -221,7 +224,16 @@ def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool,
     """The error for a failed `runc checkpoint`: torpor's reason, then runc's words verbatim:
     CRIU's first errors from its log, else runc's own fatal error (a missing CRIU, a refused
     flag), which torpor's line would otherwise hide from containerd."""
-    if journal is not None and two_phase and journal.marked(journals.DUMPED):
+    if ran.limit_s:
+        log = os.path.join(inv.flag("work-path") or "", "dump.log")
+        last = criu_log.last_lines(log)
+        error = CriuError(
+            f"runc checkpoint (CRIU) did not finish within {ran.limit_s:.0f}s; runc and CRIU "
+            "were killed, the container runs on"
+            + (f"; CRIU's last lines: {' | '.join(last)}" if last else ""),
+            hint="[checkpoint] timeout_s sets the deadline (plus 10 s per GiB of the "
+                 "container's memory)")
+    elif journal is not None and two_phase and journal.marked(journals.DUMPED):
         decision = journal.decision()
         why = decision.reason if decision and decision.reason else \
             "the torpor that asked for it is gone"
@@ -267,29 +279,57 @@ class RuncRun:
     output: bytes
     errors: bytes
     said: tuple[str, ...] = ()
+    limit_s: float = 0.0   # the deadline it overran (it was killed), else 0
 
 
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
-             env: dict[str, str] | None = None) -> RuncRun:
-    """`runc checkpoint` with the caller's argv. An interrupt waits for it (CRIU must finish).
-    The output is held back: on failure, torpor's reason goes first, because containerd shows
-    the first line."""
+             env: dict[str, str] | None = None, journal: Journal | None = None,
+             pid: int = 0) -> RuncRun:
+    """`runc checkpoint` with the caller's argv. An interrupt waits for it (CRIU must finish),
+    within its deadline (torpor.deadlines), which stands still while CRIU's post-dump hook
+    waits for the decision of the `torpor checkpoint` that asked (held_for_decision); past
+    it runc and CRIU are killed. The output is held back: on failure, torpor's reason goes
+    first, because containerd shows the first line."""
+    from torpor.capture import deadlines
+
     since = ctx.log.mark()
+    limit = deadlines.budget(ctx.cfg.checkpoint_timeout_s, deadlines.memory_bytes(pid)) \
+        if ctx.cfg.checkpoint_timeout_s > 0 else float("inf")
     proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     guardian.tell(runc_pid=proc.pid)
     interrupted = False
-    output, errors = b"", b""
     while True:
         try:
-            output, errors = proc.communicate()
+            ended = deadlines.wait(proc, limit, lambda: held_for_decision(journal), output=True)
             break
         except interrupt.Interrupted:
             interrupted = True
+    if ended is None:
+        ran_inv = Invocation(argv)
+        deadlines.remove_criu_yards(ran_inv.flag("work-path") or ran_inv.flag("image-path"))
+        decision = journal.decision() if journal is not None else None
+        if decision is not None and decision.commit:
+            # CRIU hung after the commit, the checkpoint complete: the container stops, as
+            # CRIU was about to stop it, and the checkpoint stands
+            runc.delete_force(ctx.runtime, ran_inv, ran_inv.container_id or "")
+            ctx.log.warning(f"runc checkpoint (CRIU) did not finish within {limit:.0f}s after "
+                            "the checkpoint was complete: it was killed and the container "
+                            "stopped")
+            return RuncRun(0, b"", b"")
+        return RuncRun(proc.returncode or -9, b"", b"", (), limit)
+    output, errors = ended
     if interrupted:
         raise interrupt.Interrupted("interrupted during runc checkpoint")
     said = tuple(ctx.log.runc_errors(since)) if proc.returncode != 0 else ()
     return RuncRun(proc.returncode, output, errors, said)
+
+
+def held_for_decision(journal: Journal | None) -> bool:
+    """Whether CRIU's post-dump hook holds the dumped container for the decision of `torpor
+    checkpoint` (which writes the checkpoint meanwhile, and lets go when it dies)."""
+    return journal is not None and journal.marked(journals.DUMPED) and \
+        journal.decision() is None
 
 
 def rollback(ctx: Context, pending: Pending, journal: Journal | None) -> None:

@@ -37,3 +37,17 @@ def summary(work_path: str | None, log_name: str) -> tuple[str, str | None]:
         return "", None
     path = os.path.join(work_path, log_name)
     return "; ".join(reasons(path)), (path if os.path.exists(path) else None)
+
+
+def last_lines(path: str | None, limit: int = 4) -> list[str]:
+    """The last `limit` lines of a CRIU log, where a CRIU that hung stopped."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 16384, 0))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [" ".join(line.split()) for line in lines if line.strip()][-limit:]

@@ -21,7 +21,9 @@ The steps, in order:
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
     symlink out of them and within the limits of `[restore]`; then CRIU's images against the
     spec, the policy and that rootfs (torpor.criu_images), a plain runc checkpoint's too;
- 7. `runc restore` with the caller's argv plus the flags of step 3;
+ 7. `runc restore` with the caller's argv plus the flags of step 3, within `[restore]
+    timeout_s` (plus 10 s per GiB of CRIU images) when detached: past it runc, its CRIU and
+    the half-restored container are killed and deleted, and the error says where CRIU stood;
  8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock,
     while CRIU has left every task stopped (`leave-stopped` through the CRIU configuration
     runc hands it, step 4), then let them go on. If that fails, the restored container is
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from torpor.capture import files, netns, own_engine, pod, records, restore_policy
 from torpor.capture.freezer import Cgroup
-from torpor.errors import FormatError, RestoreError
+from torpor.errors import DeadlineExceeded, FormatError, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
@@ -146,7 +148,7 @@ def run(ctx: Context) -> int:
         check_images(ctx, image_path, config, bundle)
         if changed:
             spec.flush(bundle, config)
-        lowlevel.exec_runtime(ctx.runtime, inv.argv)
+        return _runc_restore(ctx, inv.argv, image_path, plain=True)  # runc's own checkpoint
     assert state is not None
     from torpor.gpu import restore as gpu_restore
 
@@ -173,7 +175,7 @@ def run(ctx: Context) -> int:
         # 3. + 7. runc restore with the flags containerd dropped
         extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
         since = ctx.log.mark()
-        code = runc.run(ctx.runtime, inv.with_flags(extra))
+        code = _runc_restore(ctx, inv.with_flags(extra), image_path)
         if code != 0:
             reason, log_path = criu_log.summary(inv.flag("work-path"), "restore.log")
             said = ctx.log.runc_errors(since)  # runc's own fatal error, when CRIU said nothing
@@ -198,6 +200,31 @@ def check_images(ctx: Context, image_path: str, config: OciSpec, bundle: str) ->
 
     root = str((config.get("root") or {}).get("path") or "rootfs")
     criu_images.check(image_path, config, ctx.cfg, root=os.path.join(bundle, root))
+def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = False) -> int:
+    """`runc restore` (step 7, or all of a `plain` runc checkpoint's restore), with its
+    deadline when detached: runc then returns once CRIU is done (in the foreground it lives as
+    long as the container, and has none: a plain one is then exec'd, as before)."""
+    inv = ctx.inv
+    if not inv.has("detach", "d") or ctx.cfg.restore_timeout_s <= 0:
+        if plain:
+            lowlevel.exec_runtime(ctx.runtime, argv)
+        return runc.run(ctx.runtime, argv)
+    from torpor.capture import deadlines
+
+    limit = deadlines.budget(ctx.cfg.restore_timeout_s, deadlines.tree_bytes(image_path))
+    code = runc.run_within(ctx.runtime, argv, limit)
+    if code is not None:
+        return code
+    runc.delete_force(ctx.runtime, inv, inv.container_id or "")
+    deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
+    log = os.path.join(inv.flag("work-path") or image_path, "restore.log")
+    last = criu_log.last_lines(log)
+    raise DeadlineExceeded(
+        f"runc restore (CRIU) did not finish within {limit:.0f}s; runc, CRIU and the "
+        "half-restored container were killed and removed"
+        + (f"; CRIU's last lines: {' | '.join(last)}" if last else ""),
+        hint=f"CRIU's log: {log}; [restore] timeout_s sets the deadline (plus "
+        f"{deadlines.PER_GIB_S:.0f} s per GiB of CRIU images)")
 
 
 def granting_work_dir(ctx: Context) -> str | None:

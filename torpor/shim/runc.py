@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 
@@ -59,3 +60,39 @@ def state(runtime: str, inv: Invocation, container_id: str) -> RuncState:
 def run(runtime: str, argv: list[str]) -> int:
     """Run the low-level runtime with our stdio and inherited fds; its exit status."""
     return subprocess.run([runtime, *argv[1:]], close_fds=False).returncode
+
+
+def run_within(runtime: str, argv: list[str], limit_s: float) -> int | None:
+    """`run`, bounded: None when runc was not done within `limit_s`; then runc, the CRIU it
+    started and what CRIU started (torpor.deadlines) are killed."""
+    from torpor.capture import deadlines
+
+    proc = subprocess.Popen([runtime, *argv[1:]], close_fds=False)
+    if deadlines.wait(proc, limit_s) is None:
+        return None
+    return proc.returncode
+
+
+def delete_force(runtime: str, inv: Invocation, container_id: str) -> None:
+    """`runc delete --force ID`: what a killed runc left of the container (its state, its
+    cgroup and processes in it), gone; quietly, within 30 s."""
+    root = inv.global_flag("root") or "/run/runc"
+    state_dir = os.path.join(root, container_id)
+    safe = bool(container_id) and "/" not in container_id and container_id not in (".", "..")
+    if safe:  # runc restore mounts the rootfs at criu-root for CRIU, and unmounts it after
+        from torpor.capture import deadlines
+
+        deadlines.unmount_under(os.path.realpath(state_dir) + "/")
+    argv = [runtime, *query_args(inv), "delete", "--force", container_id]
+    try:
+        subprocess.run(argv, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    # killed before it wrote its state.json, runc no longer knows the container (delete says
+    # "does not exist") but would refuse the name ("already exists"): its directory, which this
+    # call made (runc refuses to restore over an existing one), goes too
+    if safe:
+        import shutil
+
+        if os.path.isdir(state_dir) and not os.path.exists(os.path.join(state_dir, "state.json")):
+            shutil.rmtree(state_dir, ignore_errors=True)
