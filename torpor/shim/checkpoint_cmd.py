@@ -253,7 +253,7 @@ def seal_of(ctx: Context, config: OciSpec) -> str:
     from torpor.capture import restore_policy
     from torpor.formats.spec_requests import SpecRequests
 
-    return restore_policy.seal(restore_policy.node_key(ctx.cfg), SpecRequests.of(config))
+    return restore_policy.seal(restore_policy.node_key(ctx.cfg, ctx.log), SpecRequests.of(config))
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def run(ctx: Context) -> int:
     requests = SpecRequests.of(config)
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
         state is not None and bool(state.spec_seal) and restore_policy.sealed_here(
-            restore_policy.node_key(ctx.cfg), requests, state.spec_seal))
+            restore_policy.node_key(ctx.cfg, ctx.log), requests, state.spec_seal))
     work = granting_work_dir(ctx)
     restore_policy.check_in_runtime(requests, restore_policy.RestorePolicy.of(ctx.cfg),
                                     restore_policy.take_grant(work) if work else None,
