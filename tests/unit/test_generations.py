@@ -125,8 +125,8 @@ def test_the_previous_generation_is_found_in_the_documented_order(tmp_path: Path
     def found(**kw: object) -> str | None:
         args: dict[str, object] = {"index_digest": None, "ref": None, "container_id": "x"}
         args.update(kw)
-        candidate = find_previous(store, **args)  # type: ignore[arg-type]
-        return candidate.ref if candidate else None
+        candidates = find_previous(store, **args)  # type: ignore[arg-type]
+        return candidates[0][0].ref if candidates else None
 
     assert found(index_digest=restored_from, ref="reg/a/web:1", container_id="web") == \
         "reg/a/old:1"
@@ -134,6 +134,12 @@ def test_the_previous_generation_is_found_in_the_documented_order(tmp_path: Path
     assert found(ref="reg/c/new:1", container_id="web") == "reg/a/web:2"  # the newest of web
     assert found(ref="reg/b/other:10", container_id="cache") == "reg/b/other:9"
     assert found(ref="reg/z/none:1", container_id="cache") is None
+    # an image's own claims (container, creation date) choose only among sound indexes: the
+    # restored-from image and the same reference may be verified, the others must be known
+    claims = find_previous(store, index_digest=restored_from, ref="reg/a/web:1",
+                           container_id="web")
+    assert [(c.ref, verify) for c, verify in claims] == [
+        ("reg/a/old:1", True), ("reg/a/web:1", True), ("reg/a/web:2", False)]
 
 
 def test_an_estimate_round_trips_and_refuses_other_formats() -> None:
@@ -222,3 +228,33 @@ def test_retention_keeps_the_newest_and_the_recent() -> None:
     assert kept(Retention(keep=1, older_than_s=2.5 * 86400)) == ["g6", "g7"]
     with pytest.raises(ConfigError):
         Retention()
+
+
+def test_only_a_chunk_index_whose_records_are_true_is_found_sound(tmp_path: Path) -> None:
+    """A next generation reuses its basis's chunk records unread: an index that lists a chunk
+    where its pack holds other bytes (here: two records' places swapped, all digests right) is
+    found out by reading the chunks back, and only a sound one is recorded."""
+    from dataclasses import replace
+
+    from torpor.image import sound_indexes
+    from torpor.image.packs import known_chunks
+
+    root = tmp_path / "files"
+    (root / "criu").mkdir(parents=True)
+    (root / "criu" / "pages-1.img").write_bytes(pages_with_zero_runs(5))
+    packs_dir = tmp_path / "packs"
+    packs_dir.mkdir()
+    index = write_generation(str(root), ["criu/pages-1.img"], str(packs_dir)).index
+    packs = {p.digest: packs_dir / p.digest.split(":")[1] for p in index.packs}
+    assert sound_indexes.verify(index, packs, known_chunks(index).keys())
+    a, b = index.chunks[0], index.chunks[1]
+    lying = replace(index, chunks=(replace(a, offset=b.offset, length=b.length),
+                                   replace(b, offset=a.offset, length=a.length),
+                                   *index.chunks[2:]))
+    assert not sound_indexes.verify(lying, packs, known_chunks(lying).keys())
+    assert not sound_indexes.verify(index, {}, known_chunks(index).keys())  # packs not held
+    digest = "sha256:" + hashlib.sha256(compress_index(index)).hexdigest()
+    assert not sound_indexes.recorded(tmp_path, digest)
+    sound_indexes.record(tmp_path, digest)
+    assert sound_indexes.recorded(tmp_path, digest)
+    assert not sound_indexes.recorded(tmp_path, "sha256:../../etc")

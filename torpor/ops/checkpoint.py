@@ -179,7 +179,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
 
     # 7. the image, 8. the push or the store
     from torpor.image import build as image_build
-    from torpor.image import encrypt_layout
+    from torpor.image import encrypt_layout, sound_indexes
     from torpor.ops import generation
     from torpor.ops.sources import mount_from, tag_of
     from torpor.registry import push_layout
@@ -204,6 +204,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level, previous=basis.previous,
                                   annotations=basis.annotations)
+    sound_indexes.record(Path(cfg.image_store), built.chunk_index)  # a basis for the next one
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
         built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))

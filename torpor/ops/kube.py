@@ -45,7 +45,7 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
-from torpor.image import kube_archive, kube_image, unpack
+from torpor.image import kube_archive, kube_image, sound_indexes, unpack
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options, tag_of
@@ -217,6 +217,7 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+        sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
     reference = digest = None
     if push and ref:
         progress.step(f"pushing {ref}")

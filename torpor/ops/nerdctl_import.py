@@ -51,6 +51,7 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
+from torpor.image import sound_indexes
 from torpor.image.store import Store
 from torpor.node import facts as node
 from torpor.ops.checkpoint import CheckpointTarget
@@ -112,6 +113,7 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+        sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
     pushed = None
     if target.push and ref:
         progress.step(f"pushing {ref}")
