@@ -63,6 +63,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                                "what a checkpoint may unpack to (and never more than is free)"),
         "max_compression_ratio": (int, 10000, "unpacked bytes per byte of layers"),
         "max_files": (int, 1000000, "entries one archive may hold"),
+        "max_chunk_index_bytes": (int, 256 << 20,
+                                  "what a chunk index may unpack to (and never more than 32 "
+                                  "times its layer, above 1 MiB)"),
     },
     "registry": {
         "docker_config": (str, "",
@@ -97,6 +100,7 @@ class Config:
         "restore_devices",
         "restore_hooks",
         "restore_host_namespaces",
+        "restore_max_chunk_index_bytes",
         "restore_max_compression_ratio",
         "restore_max_config_bytes",
         "restore_max_files",
@@ -135,6 +139,7 @@ class Config:
     restore_max_unpacked_bytes: int
     restore_max_compression_ratio: int
     restore_max_files: int
+    restore_max_chunk_index_bytes: int
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

@@ -258,3 +258,48 @@ def test_only_a_chunk_index_whose_records_are_true_is_found_sound(tmp_path: Path
     sound_indexes.record(tmp_path, digest)
     assert sound_indexes.recorded(tmp_path, digest)
     assert not sound_indexes.recorded(tmp_path, "sha256:../../etc")
+
+
+def index_bomb(mib: int) -> bytes:
+    """A well-formed chunk index of `mib` MiB: one file of zero runs, every extent one page."""
+    n = (mib << 20) // 6
+    return json.dumps({
+        "mediaType": mt.CHUNK_INDEX, "version": 1,
+        "chunking": {"algorithm": "page-crc32-v1", "page_size": 4096, "min_size": 32768,
+                     "avg_size": 131072, "max_size": 524288, "compression": "zstd", "level": 3},
+        "packs": [], "chunks": [],
+        "files": [{"name": "criu/pages-1.img", "size": 4096 * n, "digest": "sha256:" + "0" * 64,
+                   "extents": [-4096] * n}]}, separators=(",", ":")).encode()
+
+
+def test_a_small_chunk_index_layer_that_unpacks_to_much_is_refused_at_once(tmp_path: Path) -> None:
+    """1.7 KB of zstd that unpack to 16 MiB of valid JSON (and one that does not say how much it
+    unpacks to): refused before the JSON is read, in little time and memory."""
+    import time
+    import tracemalloc
+
+    import zstandard
+
+    from torpor.image.unpack import INDEX_FLOOR, ImageLimits, index_limit
+
+    layout = Layout(tmp_path / "layout")
+    layout.create()
+    bomb = index_bomb(16)
+    for says_size in (True, False):
+        blob = zstandard.ZstdCompressor(level=19, write_content_size=says_size).compress(bomb)
+        assert len(blob) < 2000
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        layout.write_small(digest, blob, durable=False)
+        tracemalloc.start()
+        started = time.monotonic()
+        with pytest.raises(ImageError, match=r"unpacks to .* may unpack to"):
+            read_index(layout, Descriptor(mt.CHUNK_INDEX_ZSTD, digest, len(blob)))
+        seconds = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert seconds < 0.25 and peak < 4 * INDEX_FLOOR, (says_size, seconds, peak)
+    assert index_limit(2000) == INDEX_FLOOR and index_limit(10 << 20, 64 << 20) == 64 << 20
+    from torpor.config import Config
+
+    assert ImageLimits.of(Config({"restore": {"max_chunk_index_bytes": 5 << 20}})) \
+        .max_chunk_index_bytes == 5 << 20
