@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torpor import output_path
 from torpor.capture import journal as journals
 from torpor.capture.journal import ContainerLock
 from torpor.config import Config
@@ -302,11 +303,8 @@ def _plan(cfg: Config, target: CheckpointTarget, checkpoint_id: str) -> JournalT
     store = Store(cfg.image_store)
     directory = os.path.abspath(target.directory) if target.directory else None
     created = False
-    if directory is not None:
-        created = not os.path.exists(directory)
-        if not created and (not os.path.isdir(directory) or os.listdir(directory)):
-            raise CheckpointError(f"{directory} exists and is not an empty directory",
-                                  hint="pick a new -o DIR or remove it")
+    if directory is not None:  # new or empty, and only root and the user can reach it
+        created = not output_path.check_dir(directory, "the checkpoint", CheckpointError)
     scratch = None
     if target.ref is not None or target.oci:
         scratch = str(store.root / "scratch" / f"ck-{checkpoint_id}")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torpor
+from torpor import output_path
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
@@ -81,6 +82,7 @@ def archive(source: str, out_path: str, cfg: Config, access: RegistryAccess = NO
     started = time.monotonic()
     store = Store(cfg.image_store)
     out_path = os.path.abspath(out_path)
+    output_path.check_parents(out_path, "the checkpoint archive", ImageError)
     with store.scratch() as scratch, _as_directory(source, store, cfg, access, Path(scratch),
                                                    progress) as (directory, rw_layer):
         progress.step(f"writing the kubelet checkpoint archive {out_path}")
@@ -202,6 +204,7 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         target = os.path.abspath(directory)
         if os.path.exists(target):
             raise ImageError(f"{target} exists", hint="pick a new -o DIR")
+        output_path.check_parents(target, "the checkpoint", ImageError)
         try:
             to_directory(client, found, target, progress)
         except BaseException:
@@ -210,6 +213,9 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         return KubeResult(found.config.id, archive=archive_path, directory=target,
                           seconds=time.monotonic() - started)
     store = Store(cfg.image_store)
+    if oci and directory:
+        output_path.prepare_dir(directory, "the checkpoint image", ImageError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         work = str(Path(scratch) / "checkpoint")
         to_directory(client, found, work, progress)
@@ -311,6 +317,9 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
     pushed to `ref`."""
     started = time.monotonic()
     store = Store(cfg.image_store)
+    if directory:
+        output_path.prepare_dir(directory, "the checkpoint image", ImageError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         if kube_archive.is_archive(source):
             archive_path = source

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torpor
+from torpor import output_path
 from torpor.capture import volumes as saved_volumes
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -104,6 +105,9 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
                             {"total_s": time.monotonic() - started}, dropped, directory=directory)
     store = Store(cfg.image_store)
     ref = target.ref
+    if target.oci and target.directory:
+        output_path.prepare_dir(target.directory, "the checkpoint image", CheckpointError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         directory = str(scratch / "checkpoint")
         metadata, dropped = _lay_out(client, container, runtime, image, state, source,
@@ -219,12 +223,7 @@ def _link_tree(source: str, target: str) -> None:
 @contextmanager
 def _fresh_directory(directory: str) -> Iterator[None]:
     """DIR new (0700) or empty; on failure, left as it was found."""
-    created = not os.path.exists(directory)
-    if not created and (not os.path.isdir(directory) or os.listdir(directory)):
-        raise CheckpointError(f"{directory} exists and is not an empty directory",
-                              hint="pick a new -o DIR or remove it")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    created = output_path.prepare_dir(directory, "the checkpoint", CheckpointError)
     try:
         yield
     except BaseException:
