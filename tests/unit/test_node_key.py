@@ -6,8 +6,11 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import pytest
+
 from torpor.capture import node_key, restore_policy
 from torpor.config import Config
+from torpor.errors import ConfigError
 from torpor.formats.spec_requests import SpecRequests
 
 
@@ -69,3 +72,10 @@ def test_checkpoints_racing_for_the_first_key_all_get_the_same_whole_key(tmp_pat
             keys = pool.map(_load, [store] * 12)
         assert len(set(keys)) == 1 and len(keys[0]) == 32
         assert sorted(os.listdir(store)) == ["node.key", "node.key.lock"]   # no temp file left
+
+
+def test_a_key_that_cannot_be_read_is_an_error_in_words(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "node.key").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="cannot read this node's sealing key"):
+        node_key.load(str(store))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from torpor.errors import ConfigError
 from torpor.reporting import Log
 
 NODE_KEY = "node.key"
@@ -55,6 +56,11 @@ def _read(path: str) -> bytes | None:
             return f.read(KEY_BYTES + 1)
     except FileNotFoundError:
         return None
+    except OSError as e:  # a directory, no permission: nothing to seal or check with
+        raise ConfigError(f"cannot read this node's sealing key {path}: {e.strerror}",
+                          hint="it must be a 0600 file of 32 bytes that torpor made; remove "
+                          "it to have a new one made (seals made under it will no longer "
+                          "match)") from None
 
 
 def _make(path: str) -> bytes:
