@@ -219,3 +219,72 @@ def test_a_registry_that_refuses_deletes_is_named(gen_nodes: tuple[Node, Node],
         assert local_refs(a, repository) == [f"{repository}:2"]  # the local part is done
     finally:
         frozen.stop()
+
+
+def plant_lying_copy(store_root: Path, genuine: str, planted: str, container: str) -> None:
+    """A copy of the image `genuine` of the store under `planted`, its chunk index lying (the
+    digests of its first two chunks swapped: every record still well-formed), its index claiming
+    to be `container`'s newest image (created in 9999): what a hostile image pulled into the
+    store can say of itself."""
+    import hashlib
+    import shutil
+
+    import zstandard
+
+    from torpor.image.store import Store
+
+    from .support import oci_edit
+
+    def lie(state: dict, metadata: dict, layout: Path) -> None:  # type: ignore[type-arg]
+        layer = next(d for d in state["layers"] if "chunk-index" in d["mediaType"])
+        body = json.loads(zstandard.ZstdDecompressor().decompress(
+            (layout / "blobs" / "sha256" / layer["digest"].split(":")[1]).read_bytes()))
+        body["chunks"][0][0], body["chunks"][1][0] = body["chunks"][1][0], body["chunks"][0][0]
+        data = zstandard.ZstdCompressor().compress(
+            json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+        layer.update(oci_edit.blob(layout, layer["mediaType"], data))
+
+    store = Store(str(store_root))
+    with store.staging(planted) as version:
+        shutil.copytree(store.layout(genuine), version, dirs_exist_ok=True)
+        oci_edit.edit(version, lie)
+        index_json = json.loads((version / "index.json").read_text())
+        top = index_json["manifests"][0]
+        index_path = version / "blobs" / "sha256" / top["digest"].split(":")[1]
+        index = json.loads(index_path.read_bytes())
+        index["annotations"].update({"io.torpor.checkpoint.container": container,
+                                     "org.opencontainers.image.created": "9999-12-31T23:59:59Z"})
+        data = json.dumps(index).encode()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        (version / "blobs" / "sha256" / digest.split(":")[1]).write_bytes(data)
+        top.update(digest=digest, size=len(data))
+        (version / "index.json").write_text(json.dumps(index_json))
+
+
+def test_a_hostile_image_in_the_store_does_not_poison_the_next_generation(
+        gen_nodes: tuple[Node, Node], registry: Registry, session_dir: Path,
+        test_image: dict[str, object]) -> None:
+    """Images claiming to be the container's newest (and one under the very reference the
+    checkpoint writes) whose chunk records lie: the next generation builds on the node's own
+    one, and the container it stopped restores with its state."""
+    a, _ = gen_nodes
+    name = "poisoned"
+    repository = f"{registry.host}/gen/{name}"
+    store_root = session_dir / "gen-a-store"
+    with containers(a) as names:
+        names.append(name)
+        a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c",
+              f"kvserver 7000 & {COUNTER}")
+        wait_kv(a, name)
+        assert kv_ask(a, name, "SET kept yes") == "OK"
+        first = checkpoint_json(a, name, "-t", f"{repository}:1", "--leave-running")
+        plant_lying_copy(store_root, f"{repository}:1", f"{registry.host}/evil/x:1", name)
+        plant_lying_copy(store_root, f"{repository}:1", f"{repository}:2", name)
+        before = wait_counter_above(a, name, 0)
+        second = checkpoint_json(a, name, "-t", f"{repository}:2")  # stops the container
+        names.append(f"{name}-b")
+        run_torpor(a, "restore", f"{repository}:2", "--name", f"{name}-b")
+        assert kv_ask(a, f"{name}-b", "GET kept") == "yes"
+        assert wait_counter_above(a, f"{name}-b", before) > before
+        assert second["previous"] == f"{repository}:1", second  # built on the node's own
+        assert second["new_bytes"] < first["new_bytes"], (first, second)

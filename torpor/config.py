@@ -80,6 +80,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "trusted_keys": (list, [], "PEM public keys (cosign.pub) whose signatures are trusted"),
         "timeout_s": (int, 300, "how long each restore step may take (unpacking, runc and "
                       "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
+        "max_chunk_index_bytes": (int, 256 << 20,
+                                  "what a chunk index may unpack to (and never more than 32 "
+                                  "times its layer, above 1 MiB)"),
     },
     "registry": {
         "docker_config": (str, "",
@@ -118,6 +121,7 @@ class Config:
         "restore_hooks",
         "restore_host_namespaces",
         "restore_labels",
+        "restore_max_chunk_index_bytes",
         "restore_max_compression_ratio",
         "restore_max_config_bytes",
         "restore_max_files",
@@ -166,6 +170,7 @@ class Config:
     restore_signatures: str
     restore_trusted_keys: list[str]
     restore_timeout_s: int
+    restore_max_chunk_index_bytes: int
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]
@@ -203,7 +208,8 @@ def config_path() -> tuple[str, bool]:
 
 
 def _fast_value(text: str) -> object:
-    """A plain TOML value: "string", 'string', true, false, an integer, or a list of strings."""
+    """A plain TOML value: "string", 'string', true, false, a decimal integer, or a one-line
+    list of those; ValueError for anything else (tomllib reads it)."""
     if text in ("true", "false"):
         return text == "true"
     if text[:1] in ("'", '"'):
@@ -213,33 +219,49 @@ def _fast_value(text: str) -> object:
             raise ValueError(text)
         return inner
     if text.startswith("[") and text.endswith("]"):
-        body = text[1:-1].strip().rstrip(",")
-        return [_fast_value(item.strip()) for item in body.split(",")] if body else []
-    if text.lstrip("-").isdigit():
+        body = text[1:-1].strip(" \t")
+        if not body:
+            return []
+        items = (body[:-1] if body.endswith(",") else body).split(",")
+        if any(not item.strip(" \t") for item in items):
+            raise ValueError(text)  # [,] or [1,,2]
+        return [_fast_value(item.strip(" \t")) for item in items]
+    digits = text[1:] if text[:1] in ("-", "+") else text
+    if digits.isdigit() and (digits == "0" or digits[0] != "0"):
         return int(text)
     raise ValueError(text)
 
 
+def _plain_text(text: str) -> bool:
+    """ASCII without control characters but tab and line ends (CR only before LF)."""
+    lines = text.replace("\r\n", "\n")
+    return text.isascii() and not any((c < " " and c not in "\t\n") or c == "\x7f"
+                                      for c in lines)
+
+
 def fast_parse(text: str) -> dict[str, Any] | None:
     """Plain config files (tables, `key = value` lines of strings, booleans, integers, lists of
-    strings, whole-line comments) read without tomllib, which costs ~10 ms with `re` and
-    `typing`; None for anything else, which the real parser then reads."""
+    those, whole-line comments; ASCII only) read without tomllib, which costs ~10 ms with `re`
+    and `typing`; None for anything else, which the real parser then reads. Where it answers,
+    it answers as tomllib does (tests/unit/test_frontend_config.py)."""
+    if not _plain_text(text):
+        return None
     values: dict[str, Any] = {}
     table: dict[str, Any] = values
-    for raw in text.splitlines():
-        line = raw.strip()
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = raw.strip(" \t")
         if not line or line.startswith("#"):
             continue
         if line.startswith("["):
             if not line.endswith("]") or line.startswith("[["):
                 return None
-            name = line[1:-1].strip()
+            name = line[1:-1].strip(" \t")
             if not name.isidentifier() or name in values:
                 return None
             table = values[name] = {}
             continue
         key, eq, value = line.partition("=")
-        key, value = key.strip(), value.strip()
+        key, value = key.strip(" \t"), value.strip(" \t")
         if not eq or not key.replace("_", "a").isalnum() or key in table or "#" in value:
             return None
         try:

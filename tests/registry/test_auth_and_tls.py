@@ -169,3 +169,34 @@ def test_token_rejected_in_the_middle_of_an_upload(token_registry: Registry, tok
     assert poisoned
     pulled = pull(ref, tmp_path / "out", options=login)
     assert pulled.bytes_downloaded == (3 << 20) + 2  # the layer and the empty config
+
+
+def test_a_401_from_where_the_registry_redirected_gets_no_credentials(
+        start_registry: Any, token_server: TokenServer, layout: WrittenLayout,
+        tmp_path: Path) -> None:
+    """Blobs redirected to a CDN that then answers 401 naming a token realm on a third host:
+    that realm is not the registry's, and the registry's credentials never go there (nor to the
+    CDN); the pull fails in words naming the host that answered."""
+    from ..support.blob_cdn import BlobCdn
+
+    cdn, elsewhere = BlobCdn(), BlobCdn()
+    try:
+        registry = start_registry("redirecting", token_auth=token_server.registry_settings(),
+                                  redirect_blobs=cdn.url)
+        cdn.storage = registry.storage
+        ref = f"{registry.host}/team/web1:ckpt-1"
+        login = with_login("alice", "wonderland")
+        push_layout(layout.root, ref, options=login)
+        assert pull(ref, tmp_path / "through-the-cdn", options=login).digest  # a good CDN
+        assert any("/docker/registry/v2/blobs/" in s.path for s in cdn.seen)
+        cdn.challenge = f'Bearer realm="{elsewhere.url}/token",service="cdn",scope="x:y:pull"'
+        with pytest.raises(AuthError, match=f"{cdn.url.split('//')[1]}, where registry .* answered 401"):
+            pull(ref, tmp_path / "challenged", options=login)
+        assert elsewhere.seen == [], "nothing at all goes to a realm the registry did not name"
+        assert cdn.authorizations() == []
+        # the registry's own realm still serves it afterwards
+        cdn.challenge = None
+        assert pull(ref, tmp_path / "again", options=login).digest
+    finally:
+        cdn.stop()
+        elsewhere.stop()

@@ -3,7 +3,8 @@ Deletes are allowed unless `delete=False` (REGISTRY_STORAGE_DELETE_ENABLED).
 
 Each `Registry` runs `docker-registry serve CONFIG` on a free 127.0.0.1 port with filesystem
 storage under its own directory, optionally behind htpasswd basic auth, a bearer token server
-(tests/support/token_server.py) or a self-signed TLS certificate made with openssl. It is
+(tests/support/token_server.py) or a self-signed TLS certificate made with openssl, and with
+blob downloads redirected to another server (`redirect_blobs`: tests/support/blob_cdn.py). It is
 stopped by pid. `blob_data(digest)` is the file the registry serves a blob or manifest from,
 for the tests that tamper with storage.
 """
@@ -33,7 +34,15 @@ storage:
 http:
   addr: 127.0.0.1:{port}
   secret: torpor-test-secret
-{tls}{auth}"""
+{tls}{auth}{middleware}"""
+
+REDIRECT_BLOBS = """\
+middleware:
+  storage:
+    - name: redirect
+      options:
+        baseurl: {baseurl}
+"""
 
 TLS = """\
   tls:
@@ -71,7 +80,8 @@ def self_signed_certificate(directory: Path, common_name: str = "127.0.0.1") -> 
 
 class Registry:
     def __init__(self, base: Path, name: str, *, users: dict[str, str] | None = None, tls: bool = False,
-                 token_auth: dict[str, str] | None = None, delete: bool = True) -> None:
+                 token_auth: dict[str, str] | None = None, delete: bool = True,
+                 redirect_blobs: str | None = None) -> None:
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.storage = self.dir / "storage"
@@ -93,7 +103,9 @@ class Registry:
             auth_section = TOKEN_AUTH.format(**token_auth)
         self.config = self.dir / "config.yml"
         self.config.write_text(CONFIG.format(storage=self.storage, port=self.port, tls=tls_section,
-                                             auth=auth_section, delete=str(delete).lower()))
+                                             auth=auth_section, delete=str(delete).lower(),
+                                             middleware=REDIRECT_BLOBS.format(baseurl=redirect_blobs)
+                                             if redirect_blobs else ""))
         self.log = self.dir / "registry.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

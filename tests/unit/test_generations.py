@@ -125,8 +125,8 @@ def test_the_previous_generation_is_found_in_the_documented_order(tmp_path: Path
     def found(**kw: object) -> str | None:
         args: dict[str, object] = {"index_digest": None, "ref": None, "container_id": "x"}
         args.update(kw)
-        candidate = find_previous(store, **args)  # type: ignore[arg-type]
-        return candidate.ref if candidate else None
+        candidates = find_previous(store, **args)  # type: ignore[arg-type]
+        return candidates[0][0].ref if candidates else None
 
     assert found(index_digest=restored_from, ref="reg/a/web:1", container_id="web") == \
         "reg/a/old:1"
@@ -134,6 +134,12 @@ def test_the_previous_generation_is_found_in_the_documented_order(tmp_path: Path
     assert found(ref="reg/c/new:1", container_id="web") == "reg/a/web:2"  # the newest of web
     assert found(ref="reg/b/other:10", container_id="cache") == "reg/b/other:9"
     assert found(ref="reg/z/none:1", container_id="cache") is None
+    # an image's own claims (container, creation date) choose only among sound indexes: the
+    # restored-from image and the same reference may be verified, the others must be known
+    claims = find_previous(store, index_digest=restored_from, ref="reg/a/web:1",
+                           container_id="web")
+    assert [(c.ref, verify) for c, verify in claims] == [
+        ("reg/a/old:1", True), ("reg/a/web:1", True), ("reg/a/web:2", False)]
 
 
 def test_an_estimate_round_trips_and_refuses_other_formats() -> None:
@@ -222,3 +228,78 @@ def test_retention_keeps_the_newest_and_the_recent() -> None:
     assert kept(Retention(keep=1, older_than_s=2.5 * 86400)) == ["g6", "g7"]
     with pytest.raises(ConfigError):
         Retention()
+
+
+def test_only_a_chunk_index_whose_records_are_true_is_found_sound(tmp_path: Path) -> None:
+    """A next generation reuses its basis's chunk records unread: an index that lists a chunk
+    where its pack holds other bytes (here: two records' places swapped, all digests right) is
+    found out by reading the chunks back, and only a sound one is recorded."""
+    from dataclasses import replace
+
+    from torpor.image import sound_indexes
+    from torpor.image.packs import known_chunks
+
+    root = tmp_path / "files"
+    (root / "criu").mkdir(parents=True)
+    (root / "criu" / "pages-1.img").write_bytes(pages_with_zero_runs(5))
+    packs_dir = tmp_path / "packs"
+    packs_dir.mkdir()
+    index = write_generation(str(root), ["criu/pages-1.img"], str(packs_dir)).index
+    packs = {p.digest: packs_dir / p.digest.split(":")[1] for p in index.packs}
+    assert sound_indexes.verify(index, packs, known_chunks(index).keys())
+    a, b = index.chunks[0], index.chunks[1]
+    lying = replace(index, chunks=(replace(a, offset=b.offset, length=b.length),
+                                   replace(b, offset=a.offset, length=a.length),
+                                   *index.chunks[2:]))
+    assert not sound_indexes.verify(lying, packs, known_chunks(lying).keys())
+    assert not sound_indexes.verify(index, {}, known_chunks(index).keys())  # packs not held
+    digest = "sha256:" + hashlib.sha256(compress_index(index)).hexdigest()
+    assert not sound_indexes.recorded(tmp_path, digest)
+    sound_indexes.record(tmp_path, digest)
+    assert sound_indexes.recorded(tmp_path, digest)
+    assert not sound_indexes.recorded(tmp_path, "sha256:../../etc")
+
+
+def index_bomb(mib: int) -> bytes:
+    """A well-formed chunk index of `mib` MiB: one file of zero runs, every extent one page."""
+    n = (mib << 20) // 6
+    return json.dumps({
+        "mediaType": mt.CHUNK_INDEX, "version": 1,
+        "chunking": {"algorithm": "page-crc32-v1", "page_size": 4096, "min_size": 32768,
+                     "avg_size": 131072, "max_size": 524288, "compression": "zstd", "level": 3},
+        "packs": [], "chunks": [],
+        "files": [{"name": "criu/pages-1.img", "size": 4096 * n, "digest": "sha256:" + "0" * 64,
+                   "extents": [-4096] * n}]}, separators=(",", ":")).encode()
+
+
+def test_a_small_chunk_index_layer_that_unpacks_to_much_is_refused_at_once(tmp_path: Path) -> None:
+    """1.7 KB of zstd that unpack to 16 MiB of valid JSON (and one that does not say how much it
+    unpacks to): refused before the JSON is read, in little time and memory."""
+    import time
+    import tracemalloc
+
+    import zstandard
+
+    from torpor.image.unpack import INDEX_FLOOR, ImageLimits, index_limit
+
+    layout = Layout(tmp_path / "layout")
+    layout.create()
+    bomb = index_bomb(16)
+    for says_size in (True, False):
+        blob = zstandard.ZstdCompressor(level=19, write_content_size=says_size).compress(bomb)
+        assert len(blob) < 2000
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        layout.write_small(digest, blob, durable=False)
+        tracemalloc.start()
+        started = time.monotonic()
+        with pytest.raises(ImageError, match=r"unpacks to .* may unpack to"):
+            read_index(layout, Descriptor(mt.CHUNK_INDEX_ZSTD, digest, len(blob)))
+        seconds = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert seconds < 0.25 and peak < 4 * INDEX_FLOOR, (says_size, seconds, peak)
+    assert index_limit(2000) == INDEX_FLOOR and index_limit(10 << 20, 64 << 20) == 64 << 20
+    from torpor.config import Config
+
+    assert ImageLimits.of(Config({"restore": {"max_chunk_index_bytes": 5 << 20}})) \
+        .max_chunk_index_bytes == 5 << 20

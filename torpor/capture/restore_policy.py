@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torpor.archive import ArchiveLimits
 from torpor.atomicfile import write_atomic
@@ -48,6 +49,9 @@ from torpor.formats.spec_requests import (
     acted_on,
     matches,
 )
+
+if TYPE_CHECKING:
+    from torpor.reporting import Log
 
 GRANT_TTL_S = 600
 # containerd's default device rules: null, zero, full, random, urandom, tty, console, ptmx,
@@ -301,34 +305,15 @@ def built_by_cri(image_path: str, container_id: str) -> bool:
     return False
 
 
-NODE_KEY = "node.key"
+NODE_KEY = "node.key"  # torpor.capture.node_key.NODE_KEY
 SEAL_PREFIX = "hmac-sha256:"
 
 
-def node_key(cfg: Config) -> bytes:
-    """This node's sealing key, made (32 random bytes, 0600) the first time it is needed."""
-    import secrets
+def node_key(cfg: Config, log: Log | None = None) -> bytes:
+    """This node's sealing key (torpor.capture.node_key: whole, 32 bytes, or made anew)."""
+    from torpor.capture import node_key as node_key_file
 
-    path = os.path.join(cfg.image_store, NODE_KEY)
-    try:
-        with open(path, "rb") as f:
-            key = f.read()
-        if len(key) == 32:
-            return key
-    except FileNotFoundError:
-        pass
-    os.makedirs(cfg.image_store, mode=0o700, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:  # made meanwhile by another checkpoint
-        with open(path, "rb") as f:
-            return f.read()
-    with os.fdopen(fd, "wb") as out:
-        key = secrets.token_bytes(32)
-        out.write(key)
-        out.flush()
-        os.fsync(out.fileno())
-    return key
+    return node_key_file.load(cfg.image_store, log)
 
 
 def seal(key: bytes, requests: SpecRequests) -> str:

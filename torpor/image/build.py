@@ -66,6 +66,7 @@ class BuiltImage:
     new_bytes: int = 0     # blobs the previous generation did not have (what a push sends)
     chunks: GenerationStats | None = None
     previous: str | None = None   # the local image it built on
+    chunk_index: str = ""         # the digest of its chunk index blob (written here: sound)
 
 
 def _json_blob(layout: Layout, document: dict[str, Any], media_type: str,
@@ -357,4 +358,4 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
     compressed = sum(d.size for d in state_layers) + (diff_layer.size if diff_layer else 0)
     return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
                       compressed, time.monotonic() - started, new_bytes, generation.stats,
-                      previous.ref if previous else None)
+                      previous.ref if previous else None, index_layer.digest)

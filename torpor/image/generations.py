@@ -8,6 +8,13 @@ building one starts by finding that previous generation in the local store, in t
  2. the store's image under the same reference (an older `latest`);
  3. the newest image of the same container (the image index's container annotation);
  4. the newest image of the same repository.
+A new generation reuses the chunk records of the one it builds on unread, so only a chunk index
+this node knows to be sound may be that one (sound_indexes.py): one it wrote itself, or one it
+verified, every chunk it offers read back and checked. Rules 3 and 4 go by what an image says
+of itself (its container annotation, its creation date, its reference), so they pick only among
+indexes already known sound; the images of rules 1 and 2 (the node's own label, the user's
+reference) are verified the first time. An image that fails is passed over, and without a sound
+one the generation is written whole: a hostile image in the store cannot poison it.
 Its layers are hard-linked into a holding directory first, so that replacing the store entry
 they live in (a moving tag) does not lose them before the new image links them in.
 
@@ -28,6 +35,7 @@ from torpor.errors import ImageError
 from torpor.formats import annotations as ann
 from torpor.formats.chunk_index import ChunkIndex
 from torpor.formats.oci import Descriptor
+from torpor.image import sound_indexes
 from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams
 from torpor.image.packs import ChunkLocation, known_chunks
 from torpor.image.store import Store
@@ -102,33 +110,64 @@ def repository_of(ref: str) -> str | None:
 
 
 def find_previous(store: Store, *, index_digest: str | None, ref: str | None,
-                  container_id: str) -> StoredImage | None:
+                  container_id: str) -> list[tuple[StoredImage, bool]]:
+    """The candidates, best first, each with whether it may be verified (rules 1 and 2) or must
+    be known sound already (rules 3 and 4)."""
     candidates = stored_images(store)
     newest = sorted(candidates, key=lambda c: c.created, reverse=True)
     repository = repository_of(ref) if ref else None
-    for match in (lambda c: bool(index_digest) and c.index_digest == index_digest,
-                  lambda c: bool(ref) and c.ref == ref,
-                  lambda c: c.container == container_id,
-                  lambda c: repository is not None and repository_of(c.ref) == repository):
+    out: list[tuple[StoredImage, bool]] = []
+    seen: set[str] = set()
+    for match, may_verify in ((lambda c: bool(index_digest) and c.index_digest == index_digest, True),
+                              (lambda c: bool(ref) and c.ref == ref, True),
+                              (lambda c: c.container == container_id, False),
+                              (lambda c: repository is not None and repository_of(c.ref) == repository,
+                               False)):
         for candidate in newest:
-            if match(candidate):
-                return candidate
-    return None
+            if match(candidate) and candidate.ref not in seen:
+                seen.add(candidate.ref)
+                out.append((candidate, may_verify))
+    return out
 
 
 def hold_previous(store: Store, hold: Path, *, index_digest: str | None, ref: str | None,
                   container_id: str) -> Previous | None:
     """The previous generation, its layers (packs, tar layers, base image layers) linked under
     `hold` (same filesystem as the store); None when the store holds no earlier image with a
-    chunk index."""
-    candidate = find_previous(store, index_digest=index_digest, ref=ref,
-                              container_id=container_id)
-    if candidate is None:
-        return None
+    chunk index known or found sound."""
+    for candidate, may_verify in find_previous(store, index_digest=index_digest, ref=ref,
+                                               container_id=container_id):
+        previous = _hold(store, candidate, hold, may_verify)
+        if previous is not None:
+            return previous
+    return None
+
+
+def likely_previous(store: Store, *, index_digest: str | None, ref: str | None,
+                    container_id: str) -> StoredImage | None:
+    """The image a checkpoint now would build on, unless its verification fails (for an
+    estimate, which reads no pack)."""
+    for candidate, may_verify in find_previous(store, index_digest=index_digest, ref=ref,
+                                               container_id=container_id):
+        if may_verify:
+            return candidate
+        try:
+            layer = index_layer(open_layout(str(candidate.layout)))
+        except (ImageError, OSError):
+            continue
+        if layer is not None and sound_indexes.recorded(store.root, layer.digest):
+            return candidate
+    return None
+
+
+def _hold(store: Store, candidate: StoredImage, hold: Path, may_verify: bool) -> Previous | None:
     try:
         image = open_layout(str(candidate.layout))
         layer = index_layer(image)
         if layer is None:
+            return None
+        sound = sound_indexes.recorded(store.root, layer.digest)
+        if not sound and not may_verify:
             return None
         layout = Layout(candidate.layout)
         chunks = read_index(layout, layer)
@@ -154,7 +193,13 @@ def hold_previous(store: Store, hold: Path, *, index_digest: str | None, ref: st
     config = image.state_manifest.get("config", {}).get("digest")
     if isinstance(config, str):
         blobs.add(config)
-    return Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs), held)
+    previous = Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs),
+                        held)
+    if not sound:
+        if not sound_indexes.verify(chunks, packs, previous.known().keys()):
+            return None
+        sound_indexes.record(store.root, layer.digest)
+    return previous
 
 
 def link_or_copy(source: Path, target: Path) -> None:

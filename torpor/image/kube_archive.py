@@ -174,7 +174,10 @@ class ArchiveParts:
 def write(out_path: str, parts: ArchiveParts, mtime: int = 0) -> int:
     """The archive at `out_path` (0600, replaced whole); returns its size."""
     partial = f"{out_path}.partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with contextlib.suppress(FileNotFoundError):  # left by a crash: a new file, never that one
+        os.unlink(partial)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
     try:
         with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w|",
                                                      format=tarfile.PAX_FORMAT) as tar:

@@ -182,6 +182,28 @@ def rebuild(index: ChunkIndex, pack_path: PackPath, target: str, *,
         packs.close()
 
 
+def verify_chunks(index: ChunkIndex, pack_path: PackPath, *, workers: int = 0) -> None:
+    """Read every chunk of `index` back from its pack and check it as a rebuild does (frame,
+    length, sha256); DigestMismatch at the first that is not what the index says."""
+    check_limits(index, RestoreLimits())
+    packs = _Packs(index, pack_path)
+    by_pack: dict[int, list[ChunkRecord]] = {}
+    for chunk in index.chunks:
+        by_pack.setdefault(chunk.pack, []).append(chunk)
+
+    def check(records: list[ChunkRecord]) -> None:
+        for record in records:
+            packs.chunk(record)
+
+    try:
+        with ThreadPoolExecutor(workers or os.cpu_count() or 1,
+                                thread_name_prefix="torpor-verify") as pool:
+            for future in [pool.submit(check, records) for records in by_pack.values()]:
+                future.result()
+    finally:
+        packs.close()
+
+
 def _create(target: str, record: FileRecord, created: list[str]) -> int:
     """The file's descriptor, sized; parents created 0700. Recorded in `created`."""
     parts = record.name.split("/")

@@ -55,6 +55,13 @@ from torpor.image.encryption_keys import DecryptionKey
 from torpor.registry.layout import Layout
 
 RATIO_FLOOR = 64 << 20   # below this many bytes unpacked, the compression ratio is not checked
+# A chunk index's JSON per byte of its zstd blob: about 2 for real ones (their sha256 digests do
+# not compress); one of a memory full of a single repeated page compresses better, but stays
+# small. Below INDEX_FLOOR bytes the ratio is not checked.
+INDEX_RATIO = 32
+INDEX_FLOOR = 1 << 20
+INDEX_HINT = ("the checkpoint's chunk index is damaged or hostile; `[restore] "
+              "max_chunk_index_bytes` caps what a genuine one may unpack to")
 
 
 @dataclass(frozen=True)
@@ -67,12 +74,14 @@ class ImageLimits:
     max_unpacked_bytes: int = 1 << 40
     max_ratio: int = 10000
     max_files: int = 1_000_000
+    max_chunk_index_bytes: int = MAX_INDEX_BYTES
 
     @classmethod
     def of(cls, cfg: Config) -> ImageLimits:
         return cls(cfg.restore_max_layers, cfg.restore_max_manifest_bytes,
                    cfg.restore_max_config_bytes, cfg.restore_max_unpacked_bytes,
-                   cfg.restore_max_compression_ratio, cfg.restore_max_files)
+                   cfg.restore_max_compression_ratio, cfg.restore_max_files,
+                   cfg.restore_max_chunk_index_bytes)
 
 
 MANIFEST_LIMIT = ImageLimits().max_manifest_bytes
@@ -353,7 +362,7 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
         for layer in layer_list:
             if not layout.has_blob(layer.digest):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
-        rebuild_chunked(image, layout, target, keys, work, expected)
+        rebuild_chunked(image, layout, target, keys, work, expected, limits.max_chunk_index_bytes)
         layer_list = [d for d in layer_list if plain_type(d.media_type) not in CHUNKED_TYPES]
 
         def one(layer: Descriptor) -> None:
@@ -407,14 +416,16 @@ def index_layer(image: CheckpointImage) -> Descriptor | None:
     return found[0] if found else None
 
 
-def read_index(layout: Layout, descriptor: Descriptor) -> ChunkIndex:
-    """A chunk index blob, digest-checked, its size capped before and after decompression."""
-    return _index_from(layout.read_small(descriptor, MAX_INDEX_BYTES, "chunk index"), descriptor)
+def read_index(layout: Layout, descriptor: Descriptor, cap: int = MAX_INDEX_BYTES) -> ChunkIndex:
+    """A chunk index blob, digest-checked, its size capped before and after decompression
+    (index_limit)."""
+    return _index_from(layout.read_small(descriptor, cap, "chunk index"), descriptor, cap)
 
 
 def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                     keys: Sequence[DecryptionKey] = (), work: str | None = None,
-                    expected: dict[str, int] | None = None) -> None:
+                    expected: dict[str, int] | None = None,
+                    index_cap: int = MAX_INDEX_BYTES) -> None:
     """CRIU's image files from the chunk index and its packs, into `target` (reassemble.py:
     limits first, every chunk digest-checked, every file's length checked). Every pack the
     index names must be a layer of the state manifest (so a registry holds it beside the
@@ -428,9 +439,10 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
         path, plain, remove = open_blob(layout, layer, keys, work or target)
         if remove:
             opened.append(path)
-            chunks = _index_from(Path(path).read_bytes(), plain)
+            with open(path, "rb") as f:
+                chunks = _index_from(f.read(index_cap + 1), plain, index_cap)
         else:
-            chunks = read_index(layout, plain)
+            chunks = read_index(layout, plain, index_cap)
         packs = {}
         plain_packs = []
         for pack in (d for d in image.state_layers if plain_type(d.media_type) == mt.PACK):
@@ -470,18 +482,44 @@ def _check_sizes(blobs: list[tuple[Descriptor, str]]) -> None:
             raise DigestMismatch(f"{what} is larger than its descriptor's {blob.size} bytes")
 
 
-def _index_from(data: bytes, descriptor: Descriptor) -> ChunkIndex:
-    if len(data) > MAX_INDEX_BYTES:
-        raise ImageError(f"chunk index {descriptor.digest} is over {MAX_INDEX_BYTES} bytes")
+def index_limit(layer_size: int, cap: int = MAX_INDEX_BYTES) -> int:
+    """What a zstd chunk index blob of `layer_size` bytes may unpack to: INDEX_RATIO times its
+    size, at least INDEX_FLOOR, at most `cap` ([restore] max_chunk_index_bytes)."""
+    return min(cap, max(INDEX_FLOOR, INDEX_RATIO * layer_size))
+
+
+def _index_from(data: bytes, descriptor: Descriptor, cap: int = MAX_INDEX_BYTES) -> ChunkIndex:
+    """The index from its blob. A compressed one is unpacked as a stream, never past
+    index_limit, so that a small hostile layer costs little memory and time before it is
+    refused; the JSON's elements are then at most that many bytes' worth."""
+    if len(data) > cap:
+        raise ImageError(f"chunk index {descriptor.digest} is over {cap} bytes",
+                         hint=INDEX_HINT)
     if descriptor.media_type == mt.CHUNK_INDEX_ZSTD:
+        limit = index_limit(len(data), cap)
         try:
-            if zstandard.frame_content_size(data) > MAX_INDEX_BYTES:
-                raise ImageError(f"chunk index {descriptor.digest} inflates past "
-                                 f"{MAX_INDEX_BYTES} bytes")
-            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_INDEX_BYTES)
+            declared = zstandard.frame_content_size(data)
+            if declared > limit:
+                raise _index_over(descriptor, len(data), limit, f"{declared} bytes")
+            reader = zstandard.ZstdDecompressor().stream_reader(data)
+            plain = bytearray()
+            while len(plain) <= limit:
+                piece = reader.read(min(1 << 20, limit + 1 - len(plain)))
+                if not piece:
+                    break
+                plain += piece
         except zstandard.ZstdError as e:
             raise ImageError(f"chunk index {descriptor.digest} is not a zstd frame: {e}") from None
-    return ChunkIndex.from_json(data)
+        if len(plain) > limit:
+            raise _index_over(descriptor, len(data), limit, f"over {limit} bytes")
+        data = bytes(plain)
+    return ChunkIndex.from_json(data, cap)
+
+
+def _index_over(descriptor: Descriptor, size: int, limit: int, amount: str) -> ImageError:
+    return ImageError(f"chunk index {descriptor.digest} ({size} bytes) unpacks to {amount}: an "
+                      f"index of that size may unpack to {limit} bytes ({INDEX_RATIO} times its "
+                      f"size, at least {INDEX_FLOOR})", hint=INDEX_HINT)
 
 
 def import_runnable(client: Client, image: CheckpointImage, layout_dir: str, name: str,

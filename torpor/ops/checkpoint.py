@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torpor import output_path
 from torpor.capture import journal as journals
 from torpor.capture.journal import ContainerLock
 from torpor.config import Config
@@ -190,7 +191,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
 
     # 7. the image, 8. the push or the store
     from torpor.image import build as image_build
-    from torpor.image import encrypt_layout
+    from torpor.image import encrypt_layout, sound_indexes
     from torpor.ops import generation
     from torpor.ops.sources import mount_from, tag_of
     from torpor.registry import push_layout
@@ -215,6 +216,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level, previous=basis.previous,
                                   annotations=basis.annotations)
+    sound_indexes.record(Path(cfg.image_store), built.chunk_index)  # a basis for the next one
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
         built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))
@@ -321,11 +323,8 @@ def _plan(cfg: Config, target: CheckpointTarget, checkpoint_id: str) -> JournalT
     store = Store(cfg.image_store)
     directory = os.path.abspath(target.directory) if target.directory else None
     created = False
-    if directory is not None:
-        created = not os.path.exists(directory)
-        if not created and (not os.path.isdir(directory) or os.listdir(directory)):
-            raise CheckpointError(f"{directory} exists and is not an empty directory",
-                                  hint="pick a new -o DIR or remove it")
+    if directory is not None:  # new or empty, and only root and the user can reach it
+        created = not output_path.check_dir(directory, "the checkpoint", CheckpointError)
     scratch = None
     if target.ref is not None or target.oci:
         scratch = str(store.root / "scratch" / f"ck-{checkpoint_id}")

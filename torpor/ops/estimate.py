@@ -41,7 +41,7 @@ from torpor.formats import names
 from torpor.formats.chunk_index import ChunkIndex
 from torpor.formats.estimate import Estimate, EstimatePart
 from torpor.image.chunker import StreamChunker
-from torpor.image.generations import find_previous, params_of
+from torpor.image.generations import likely_previous, params_of
 from torpor.image.packfile import compressor
 from torpor.image.packs import known_chunks
 from torpor.image.store import Store
@@ -121,7 +121,8 @@ def _previous(client: Client, store: Store, container_id: str,
             index_digest = client.get_image(image_name).labels.get(ann.IMAGE_CHECKPOINT)
         except ContainerdError:
             pass
-    found = find_previous(store, index_digest=index_digest, ref=None, container_id=container_id)
+    found = likely_previous(store, index_digest=index_digest, ref=None,
+                            container_id=container_id)
     if found is None:
         return None
     try:

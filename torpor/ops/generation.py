@@ -1,9 +1,10 @@
 """What a new checkpoint image builds on, and the blobs a pull need not download.
 
 `basis()`: the previous generation in the local store (image/generations.py: the image the
-container was restored from, the same reference, the same container, the same repository), its
-packs held for the build, and the annotations of the estimate `torpor estimate` made for this
-checkpoint, if it made one against that same previous generation within the hour.
+container was restored from, the same reference, the same container, the same repository; only
+a chunk index the node wrote or verified: image/sound_indexes.py), its packs held for the
+build, and the annotations of the estimate `torpor estimate` made for this checkpoint, if it
+made one against that same previous generation within the hour.
 
 `hold_for_pull()`, `place_for_pull()`: the layers of a pull plan that some image in the local
 store already holds, linked into the target layout; the plan then downloads the others only.

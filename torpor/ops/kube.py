@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torpor
-from torpor import signing
+from torpor import output_path, signing
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd.client import Client
@@ -46,7 +46,7 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
-from torpor.image import kube_archive, kube_image, unpack
+from torpor.image import kube_archive, kube_image, sound_indexes, unpack
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options, tag_of
@@ -82,6 +82,7 @@ def archive(source: str, out_path: str, cfg: Config, access: RegistryAccess = NO
     started = time.monotonic()
     store = Store(cfg.image_store)
     out_path = os.path.abspath(out_path)
+    output_path.check_parents(out_path, "the checkpoint archive", ImageError)
     with store.scratch() as scratch, _as_directory(source, store, cfg, access, Path(scratch),
                                                    progress) as (directory, rw_layer):
         progress.step(f"writing the kubelet checkpoint archive {out_path}")
@@ -206,6 +207,7 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         target = os.path.abspath(directory)
         if os.path.exists(target):
             raise ImageError(f"{target} exists", hint="pick a new -o DIR")
+        output_path.check_parents(target, "the checkpoint", ImageError)
         try:
             to_directory(client, found, target, progress)
         except BaseException:
@@ -214,6 +216,9 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         return KubeResult(found.config.id, archive=archive_path, directory=target,
                           seconds=time.monotonic() - started)
     store = Store(cfg.image_store)
+    if oci and directory:
+        output_path.prepare_dir(directory, "the checkpoint image", ImageError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         work = str(Path(scratch) / "checkpoint")
         to_directory(client, found, work, progress)
@@ -221,6 +226,7 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+        sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
     signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     reference = digest = None
     if push and ref:
@@ -317,6 +323,9 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
     pushed to `ref`."""
     started = time.monotonic()
     store = Store(cfg.image_store)
+    if directory:
+        output_path.prepare_dir(directory, "the checkpoint image", ImageError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         if kube_archive.is_archive(source):
             archive_path = source

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torpor
-from torpor import signing
+from torpor import output_path, signing
 from torpor.capture import volumes as saved_volumes
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -52,6 +52,7 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
+from torpor.image import sound_indexes
 from torpor.image.store import Store
 from torpor.node import facts as node
 from torpor.ops.checkpoint import CheckpointTarget
@@ -104,6 +105,9 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
                             {"total_s": time.monotonic() - started}, dropped, directory=directory)
     store = Store(cfg.image_store)
     ref = target.ref
+    if target.oci and target.directory:
+        output_path.prepare_dir(target.directory, "the checkpoint image", CheckpointError,
+                                must_be_empty=False, create=False)
     with store.scratch() as scratch:
         directory = str(scratch / "checkpoint")
         metadata, dropped = _lay_out(client, container, runtime, image, state, source,
@@ -113,6 +117,7 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
+        sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
     signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     pushed = None
     if target.push and ref:
@@ -221,12 +226,7 @@ def _link_tree(source: str, target: str) -> None:
 @contextmanager
 def _fresh_directory(directory: str) -> Iterator[None]:
     """DIR new (0700) or empty; on failure, left as it was found."""
-    created = not os.path.exists(directory)
-    if not created and (not os.path.isdir(directory) or os.listdir(directory)):
-        raise CheckpointError(f"{directory} exists and is not an empty directory",
-                              hint="pick a new -o DIR or remove it")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)
+    created = output_path.prepare_dir(directory, "the checkpoint", CheckpointError)
     try:
         yield
     except BaseException:

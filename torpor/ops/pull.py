@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torpor import signing
+from torpor import output_path, signing
 from torpor.config import Config
+from torpor.errors import ImageError
 from torpor.image import encrypt_layout, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
@@ -48,6 +49,9 @@ class PullResult:
 def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess = NO_CREDENTIALS,
          progress: Progress = SILENT, keys: Sequence[DecryptionKey] = ()) -> PullResult:
     store = Store(cfg.image_store)
+    if out is not None:  # a layout holds the checkpoint's memory: only root and the user reach it
+        output_path.prepare_dir(out, "the checkpoint image", ImageError, must_be_empty=False,
+                                create=False)
     signed: list[signing.SignatureCheck] = []   # checked on the index, first
     with fetch_metadata(ref, registry_options(cfg, ref, access),
                         signing.checker(cfg, ref, signed)) as plan:

@@ -58,7 +58,7 @@ class Layout:
         path = self.blob_path(descriptor.digest)
         try:
             with open(path, "rb") as f:
-                data = f.read(limit + 1)
+                data = f.read(descriptor.size + 1)  # (read(limit) would allocate the limit)
         except FileNotFoundError:
             raise ImageError(f"{what} {descriptor.digest} is missing from the layout {self.root}") from None
         if len(data) != descriptor.size:

@@ -4,7 +4,8 @@
 and does not retry on its own (blob uploads resume instead, see blob_upload). Both answer one
 401 by renewing the credentials and sending again; an unexpected status becomes the error of
 http_errors. Redirects are followed for GET and HEAD, without credentials when they leave the
-registry's host (blob storage behind a CDN).
+registry's host (blob storage behind a CDN). A 401 is the registry's challenge only when the
+registry's host sent it: one from a host it redirected to is an AuthError, its realm never asked.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from torpor.errors import RegistryError
+from torpor.errors import AuthError, RegistryError
 from torpor.registry import http_errors
 from torpor.registry.auth import Authenticator
 from torpor.registry.credentials import Credentials, find_credentials
@@ -86,6 +87,9 @@ class RegistrySession:
         sent = self.auth.header(scope)
         for attempt in range(2):
             response = self._follow(method, url, what, headers, sent, body, open_body)
+            if response.status == 401 and urlsplit(response.url).netloc != self.host:
+                response.discard()
+                raise self._foreign_challenge(response.url, what)
             if response.status != 401 or attempt == 1:
                 break
             challenges = response.headers.get_all("WWW-Authenticate") or []
@@ -119,6 +123,16 @@ class RegistrySession:
             response.discard()
             url = urljoin(url, location)
         raise http_errors.from_response(response.status, b"", f"{what} (too many redirects)", self.registry)
+
+    def _foreign_challenge(self, url: str, what: str) -> AuthError:
+        """A 401 from a host the registry redirected to is not the registry's challenge: its
+        realm is nobody torpor knows, and the registry's credentials go to the registry (and
+        the realm the registry names) alone."""
+        host = urlsplit(url).netloc
+        return AuthError(f"{host}, where registry {self.registry} redirected {what}, answered 401; "
+                         f"torpor sends the registry's credentials to the registry alone",
+                         status=401, hint="its blob storage refused the request: an expired signed URL "
+                         "or a misconfigured registry; retry, or ask its operator")
 
     def _error(self, response: Response) -> RegistryError:
         try:

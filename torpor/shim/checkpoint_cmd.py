@@ -266,7 +266,7 @@ def seal_of(ctx: Context, config: OciSpec, bundle: str, container_id: str) -> st
     it already ran; what Podman made for the container itself is not among the requests."""
     from torpor.capture import own_engine, restore_policy
 
-    return restore_policy.seal(restore_policy.node_key(ctx.cfg),
+    return restore_policy.seal(restore_policy.node_key(ctx.cfg, ctx.log),
                                own_engine.requests_of(config, bundle, container_id))
 
 

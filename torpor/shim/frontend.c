@@ -98,52 +98,202 @@ static void to_python(int argc, char **argv) {
     _exit(127);
 }
 
-static char *trim(char *s) {
-    while (*s == ' ' || *s == '\t')
-        s++;
-    char *end = s + strlen(s);
-    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r'))
-        *--end = '\0';
-    return s;
+/*
+ * The config file, read as TOML only as far as a plain file goes, so that this reading and
+ * Python's (tomllib) never differ: every line is blank, a comment, a table header `[a]` or
+ * `[a.b]` of bare keys, or `key = value` with a bare key and a value that is a basic string
+ * without escapes, a literal string, true, false, a decimal integer or a one-line array of
+ * those, each line ending in an optional comment. Only ASCII, no control character but tab, LF
+ * or CRLF line ends. A table defined twice, a key given twice, a key that is also a table: all
+ * errors to tomllib. Anything else (dotted or quoted keys, quoted table names, inline tables,
+ * multi-line strings or arrays, escapes, floats, dates) goes to the Python program, which
+ * reads the file with tomllib. tests/unit/test_frontend_config.py holds the two side by side.
+ */
+#define CONFIG_MAX (64 * 1024)
+#define NAMES_MAX 256
+#define NAME_LEN 256
+
+struct names {
+    char name[NAMES_MAX][NAME_LEN];
+    char is_table[NAMES_MAX];
+    int count;
+};
+
+static int bare_char(char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-';
 }
 
-/* `[runtime] path` of a plain config file into out; 0 when the file needs the real parser. */
-static int config_runtime(FILE *f, char *out, size_t size) {
-    char line[4096];
-    int in_runtime = 0;
+static const char *skip_ws(const char *p) {
+    while (*p == ' ' || *p == '\t')
+        p++;
+    return p;
+}
+
+/* A bare key at p, appended to out (of `size` bytes); where it ends, or NULL. */
+static const char *bare_key(const char *p, char *out, size_t size) {
+    size_t n = strlen(out);
+    const char *start = p;
+    while (bare_char(*p)) {
+        if (n + 1 >= size)
+            return NULL;
+        out[n++] = *p++;
+    }
+    out[n] = '\0';
+    return p > start ? p : NULL;
+}
+
+/* What may follow a value: a space, a comment, an array's comma or end, the line's end. */
+static int value_ends(char c) {
+    return c == ' ' || c == '\t' || c == '#' || c == ',' || c == ']' || c == '\0';
+}
+
+/* A string, boolean or integer at p; where it ends, or NULL. A string's text goes to text. */
+static const char *scalar(const char *p, char *text, size_t size, int *is_string) {
+    *is_string = 0;
+    if (*p == '"' || *p == '\'') {
+        char quote = *p++;
+        const char *end = strchr(p, quote);
+        if (!end || (quote == '"' && memchr(p, '\\', (size_t)(end - p))))
+            return NULL;
+        if (end == p && end[1] == quote)
+            return NULL;  /* three quotes: a multi-line string */
+        if ((size_t)(end - p) >= size || !value_ends(end[1]))
+            return NULL;
+        memcpy(text, p, (size_t)(end - p));
+        text[end - p] = '\0';
+        *is_string = 1;
+        return end + 1;
+    }
+    const char *q = p;
+    if (strncmp(q, "true", 4) == 0) {
+        q += 4;
+    } else if (strncmp(q, "false", 5) == 0) {
+        q += 5;
+    } else {
+        if (*q == '+' || *q == '-')
+            q++;
+        if (*q == '0')
+            q++;
+        else if (*q >= '1' && *q <= '9')
+            while (*q >= '0' && *q <= '9')
+                q++;
+        else
+            return NULL;
+    }
+    return value_ends(*q) ? q : NULL;
+}
+
+/* A scalar or a one-line array of scalars at p; where it ends, or NULL. */
+static const char *value_at(const char *p, char *text, size_t size, int *is_string) {
+    if (*p != '[')
+        return scalar(p, text, size, is_string);
+    *is_string = 0;
+    p = skip_ws(p + 1);
+    while (*p != ']') {
+        char item[PATH_MAX];
+        int string;
+        if (!(p = scalar(p, item, sizeof item, &string)))
+            return NULL;
+        p = skip_ws(p);
+        if (*p == ',')
+            p = skip_ws(p + 1);
+        else if (*p != ']')
+            return NULL;
+    }
+    return p + 1;
+}
+
+static int comment_or_end(const char *p) {
+    p = skip_ws(p);
+    return *p == '\0' || *p == '#';
+}
+
+/* Note `name` (a table when is_table); 0 where TOML forbids it beside what came before. */
+static int define(struct names *seen, const char *name, int is_table) {
+    size_t len = strlen(name);
+    for (int i = 0; i < seen->count; i++) {
+        const char *other = seen->name[i];
+        size_t olen = strlen(other);
+        if (strcmp(other, name) == 0)
+            return 0;  /* a table or a key twice, or a key that is also a table */
+        if (!seen->is_table[i] && olen < len && strncmp(other, name, olen) == 0 &&
+            name[olen] == '.')
+            return 0;  /* a table under a key */
+        if (!is_table && len < olen && strncmp(other, name, len) == 0 && other[len] == '.')
+            return 0;  /* a key where a table already is */
+    }
+    if (seen->count == NAMES_MAX || len >= NAME_LEN)
+        return 0;
+    snprintf(seen->name[seen->count], NAME_LEN, "%s", name);
+    seen->is_table[seen->count++] = (char)is_table;
+    return 1;
+}
+
+/* `[runtime] path` of a plain config (text) into out; 0 when the file needs the real parser. */
+static int config_runtime(char *text, char *out, size_t size) {
+    static struct names seen;
+    char table[NAME_LEN] = "";
+    seen.count = 0;
     snprintf(out, size, "runc");
-    while (fgets(line, sizeof line, f)) {
-        if (!strchr(line, '\n') && !feof(f))
-            return 0;  /* a line longer than we read: not plain */
-        char *text = trim(line);
-        if (*text == '\0' || *text == '#')
+    for (char *line = text, *next; line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\r')
+            line[--len] = '\0';
+        for (const char *c = line; *c; c++)
+            if ((unsigned char)*c >= 0x7f || ((unsigned char)*c < 0x20 && *c != '\t'))
+                return 0;  /* not ASCII, or a control character (a lone CR among them) */
+        const char *p = skip_ws(line);
+        if (comment_or_end(p))
             continue;
-        size_t len = strlen(text);
-        if (text[0] == '[') {
-            if (text[1] == '[' || text[len - 1] != ']')
+        if (*p == '[') {
+            table[0] = '\0';
+            p = skip_ws(p + 1);
+            while ((p = bare_key(p, table, sizeof table)) && *(p = skip_ws(p)) == '.') {
+                if (strlen(table) + 1 >= sizeof table)
+                    return 0;
+                strcat(table, ".");
+                p = skip_ws(p + 1);
+            }
+            if (!p || *p != ']' || !comment_or_end(p + 1) || !define(&seen, table, 1))
                 return 0;
-            text[len - 1] = '\0';
-            in_runtime = strcmp(trim(text + 1), "runtime") == 0;
             continue;
         }
-        char *eq = strchr(text, '=');
-        if (!eq)
+        char key[NAME_LEN] = "", value[PATH_MAX];
+        int is_string;
+        if (!(p = bare_key(p, key, sizeof key)) || *(p = skip_ws(p)) != '=')
+            return 0;  /* a dotted or quoted key, or no value */
+        p = value_at(skip_ws(p + 1), value, sizeof value, &is_string);
+        if (!p || !comment_or_end(p))
             return 0;
-        *eq = '\0';
-        char *key = trim(text), *value = trim(eq + 1);
-        if (!in_runtime || strcmp(key, "path") != 0)
-            continue;  /* other keys: the Python program checks them where it reads them */
-        size_t vlen = strlen(value);
-        char quote = value[0];
-        if (vlen < 2 || (quote != '"' && quote != '\'') || value[vlen - 1] != quote)
-            return 0;
-        value[vlen - 1] = '\0';
-        value++;
-        if (strchr(value, quote) || (quote == '"' && strchr(value, '\\')) || strlen(value) >= size)
-            return 0;
-        snprintf(out, size, "%s", value);
+        char full[2 * NAME_LEN];
+        snprintf(full, sizeof full, "%s%s%s", table, table[0] ? "." : "", key);
+        if (!define(&seen, full, 0) || strcmp(full, "runtime") == 0)
+            return 0;  /* (`runtime` not a table: the Python program says so) */
+        if (strcmp(full, "runtime.path") == 0) {
+            if (!is_string || strlen(value) >= size)
+                return 0;  /* not a string: the Python program says so */
+            snprintf(out, size, "%s", value);
+        }
     }
     return 1;
+}
+
+/* The whole file, NUL-terminated; NULL when it cannot be read plainly (too big, a NUL). */
+static char *read_config(FILE *f) {
+    char *text = malloc(CONFIG_MAX + 1);
+    if (!text)
+        return NULL;
+    size_t n = fread(text, 1, CONFIG_MAX + 1, f);
+    if (ferror(f) || n > CONFIG_MAX || memchr(text, '\0', n)) {
+        free(text);
+        return NULL;
+    }
+    text[n] = '\0';
+    return text;
 }
 
 static int usable(const char *path) {
@@ -206,10 +356,11 @@ int main(int argc, char **argv) {
             to_python(argc, argv);  /* it says which file is missing */
         snprintf(runtime, sizeof runtime, "runc");
     } else {
-        int plain = config_runtime(f, runtime, sizeof runtime);
+        char *text = read_config(f);
         fclose(f);
-        if (!plain)
+        if (!text || !config_runtime(text, runtime, sizeof runtime))
             to_python(argc, argv);
+        free(text);
     }
     if (getenv(MARKER))
         to_python(argc, argv);  /* runc led back to torpor-runc: said in words there */

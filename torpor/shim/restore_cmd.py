@@ -129,8 +129,8 @@ def run(ctx: Context) -> int:
     requests = own_engine.requests_of(config, bundle, container_id, restoring=True)
     sealed = restore_policy.built_by_cri(image_path, container_id) or (
         state is not None and bool(state.spec_seal) and any(
-            restore_policy.sealed_here(restore_policy.node_key(ctx.cfg), sealed_requests,
-                                       state.spec_seal)
+            restore_policy.sealed_here(restore_policy.node_key(ctx.cfg, ctx.log),
+                                       sealed_requests, state.spec_seal)
             for sealed_requests in {requests, SpecRequests.of(config)}))  # and older seals
     work = granting_work_dir(ctx)
     policy = restore_policy.RestorePolicy.of(ctx.cfg)
