@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
-GROUND = {"errors", "config", "atomicfile", "fastjson", "reporting", "formats", "archive",
+GROUND = {"errors", "config", "atomicfile", "durable", "fastjson", "reporting", "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config"}
 # what each area may import (besides itself); the ground floor may import only the ground
