@@ -74,6 +74,8 @@ def run(ctx: Context) -> int:
 
     # 1. the checkpoint's journal, the container and the request
     journal = Journal.of_work_path(journal_roots(ctx), inv.flag("work-path"))
+    if journal is not None:
+        interrupt.hold(ctx, "runtime-start")  # tests: a runtime that comes late
     # held until runc is done (runc inherits it): nobody removes the journal under CRIU
     runtime_lock = journal.lock_runtime() if journal else None
     try:
