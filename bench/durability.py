@@ -8,7 +8,12 @@ page cache) each time, prints the seconds of:
   - sync_tree: torpor.durable.sync_tree (every file and directory, 8 at once) - what torpor uses;
   - syncfs: syncfs(2) of the whole filesystem (also writes out whatever else is dirty on it).
 
-    python -m bench.durability [--mib 64,512] [--dir DIR] [--rounds 2]
+With --real: real checkpoints (`torpor checkpoint NAME -o DIR`, which stops the container) of a
+`memhog` container holding N MiB of dirty memory on a test node; prints the seconds of the
+post-dump sync of CRIU's images (sync_dump_s), of the sync before the commit (sync_s) and the
+checkpoint's total.
+
+    python -m bench.durability [--mib 64,512] [--dir DIR] [--rounds 2] [--real]
 """
 
 from __future__ import annotations
@@ -72,12 +77,49 @@ def measure(base: str, mib: int, method: str) -> tuple[float, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def real(mibs: list[int], rounds: int) -> None:
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from bench.checkpoint import start
+    from bench.harness import world
+
+    with world() as w:
+        node = w.node("durable")
+        for mib in mibs:
+            for i in range(rounds):
+                name = f"d{mib}-{i}"
+                base = w.base / name
+                start(node, name, mib, base / "gap", ["--runtime", "io.containerd.torpor.v2"])
+                ck = Path(tempfile.mkdtemp(prefix="ck-", dir=os.environ.get("TMPDIR", "/var/tmp")))
+                ck.rmdir()
+                try:
+                    out = subprocess.run([str(w.bin / "torpor"), "checkpoint", name, "-o", str(ck),
+                                          "--volumes", "none", "--json"], env=node.env,
+                                         capture_output=True, text=True, check=True).stdout
+                    timings = json.loads(out)["timings"]
+                    state = json.loads((ck / "criu" / "torpor-state.json").read_text())
+                    size = sum(f.stat().st_size for f in ck.rglob("*") if f.is_file()) / MIB
+                    print(f"{mib:5d} MiB  real checkpoint ({size:5.0f} MiB on disk): sync at post-dump "
+                          f"{state['timings'].get('sync_dump_s', 0):5.2f} s, before the commit "
+                          f"{timings.get('sync_s', 0):5.2f} s, total {timings['total_s']:5.2f} s")
+                finally:
+                    shutil.rmtree(ck, ignore_errors=True)
+                    node.ctr("tasks", "delete", "--force", name, check=False)
+                    node.ctr("containers", "rm", name, check=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", default="64,512")
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--real", action="store_true")
     args = parser.parse_args()
+    if args.real:
+        real([int(m) for m in args.mib.split(",")], args.rounds)
+        return
     base = args.dir or tempfile.mkdtemp(prefix="torpor-bench-durability-")
     print(f"in {base}")
     for mib in (int(m) for m in args.mib.split(",")):

@@ -112,8 +112,10 @@ def _finish_dump(journal: Journal) -> None:
     started = float(os.environ.get(RUNC_STARTED) or time.time())
     timings = {**state.timings, "runc_checkpoint_s": time.time() - started}
     timings["total_s"] = timings.get("total_s", 0.0) + timings["runc_checkpoint_s"]
+    # a dump marked `dumped` is on disk (it may become the only copy of the workload): CRIU's
+    # images now, the state (written durably) after them
+    timings["sync_dump_s"] = sync_tree(request.image_path).seconds
     from dataclasses import replace
 
     container_state.write(request.image_path, replace(state, timings=timings))
-    sync_tree(request.image_path)  # a dump marked `dumped` is on disk: it may be the only copy
     journal.mark(journals.DUMPED, repr(time.time()))
