@@ -38,6 +38,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import time
@@ -78,6 +79,9 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+_JOURNAL_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{8}")
 
 
 def new_id() -> str:
@@ -132,10 +136,16 @@ class Journal:
         if not work_path:
             return None
         work = os.path.abspath(work_path)
-        if os.path.basename(work) != WORK_DIR or os.path.dirname(os.path.dirname(work)) not in \
-                {os.path.abspath(r) for r in roots}:
+        parent = os.path.dirname(work)
+        if os.path.basename(work) != WORK_DIR:
             return None
-        journal = cls(os.path.dirname(work))
+        # the roots configured here, or any journal's shape: a `torpor` whose configuration
+        # names another store must still get the two-phase stop, never a plain dump
+        if os.path.dirname(parent) not in {os.path.abspath(r) for r in roots} and not (
+                os.path.basename(os.path.dirname(parent)) in (JOURNALS_DIR, names.CHECKPOINTS_DIR)
+                and _JOURNAL_ID.fullmatch(os.path.basename(parent))):
+            return None
+        journal = cls(parent)
         journal.check_live()
         return journal
 
