@@ -265,6 +265,30 @@ def test_a_power_loss_after_the_commit_leaves_a_checkpoint_that_restores(
         assert leftovers(fnode) == []
 
 
+def test_a_power_loss_while_criu_holds_the_dump_leaves_the_dump_whole(
+        fnode: Node, tmp_path: Path) -> None:
+    """Before the commit, CRIU holding the dumped container: a power loss now finds CRIU's
+    images whole on the disk (synced at post-dump, so a kept dump is a real one); the killed
+    checkpoint then rolls back and the container runs on."""
+    with containers(fnode) as names, crash_disk(tmp_path / "crash") as disk:
+        name = "power-loss-held"
+        before = counter(fnode, names, name)
+        with held(fnode, "writing") as reached:
+            cli = start_torpor(fnode, "checkpoint", name, "-o", str(disk.mount / "ck"))
+            reached()
+            live = {p.name: p.read_bytes() for p in (disk.mount / "ck" / "criu").iterdir()}
+            after = disk.crash()
+            kill(cli)
+        crashed = {p.name: p.read_bytes() for p in (after / "ck" / "criu").iterdir()}
+        assert "torpor-state.json" in crashed and any(n.startswith("pages-") for n in crashed)
+        assert {n: len(b) for n, b in crashed.items()} == {n: len(b) for n, b in live.items()}
+        assert crashed == live
+        done = recover(fnode)
+        assert [d["outcome"] for d in done if d["container"] == name] == ["rolled back"], done
+        assert_runs_on(fnode, name, before)
+        assert leftovers(fnode) == []
+
+
 # Full filesystems --------------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -131,8 +131,7 @@ def _outcome(cfg: Config, journal: Journal, record: CheckpointJournal,
     if gone and _dump_complete(record):
         return Recovered(record.id, record.container_id, "kept",
                          f"interrupted at step {record.step}, and {record.container_id} {gone}; "
-                         f"its complete dump is kept in {_keep(cfg, record)} "
-                         "(restore it with `torpor restore`, or remove it)")
+                         f"its complete dump is kept in {_how_to_use(_keep(cfg, record))}")
     if record.step == "finished":  # it ended, but containerd was away to drop its lease
         return Recovered(record.id, record.container_id, "removed",
                          "it had ended; its containerd lease was dropped")
@@ -184,6 +183,16 @@ def _keep(cfg: Config, record: CheckpointJournal) -> str:
     if not record.target.scratch:
         return record.target.directory or "?"
     return keep_scratch(cfg, record.target.scratch)
+
+
+def _how_to_use(kept: str) -> str:
+    """Where a kept dump is, and what it is good for."""
+    for directory in (kept, os.path.join(kept, "checkpoint")):
+        if os.path.exists(os.path.join(directory, names.CHECKPOINT_METADATA)):
+            return f"{kept} (`torpor restore {directory}` brings the container back; remove it " \
+                   "when it is not needed)"
+    return f"{kept} (CRIU's images and torpor-runc's state, without checkpoint.json: for " \
+           "`runc restore` or inspection; remove it when it is not needed)"
 
 
 def keep_scratch(cfg: Config, scratch: str) -> str:
@@ -244,8 +253,8 @@ def _orphans(cfg: Config) -> list[Recovered]:
         if holds_dump(str(path / "checkpoint" / names.CRIU_DIR)):
             kept = keep_scratch(cfg, str(path))
             out.append(Recovered(path.name[3:], "", "kept",
-                                 f"a complete dump without a journal, kept in {kept} (restore "
-                                 "it with `torpor restore`, or remove it)"))
+                                 f"a complete dump without a journal, kept in "
+                                 f"{_how_to_use(kept)}"))
             continue
         shutil.rmtree(path, ignore_errors=True)
         out.append(Recovered(path.name, "", "removed",
