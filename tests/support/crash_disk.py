@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,16 @@ def crash_disk(root: Path, size: str = "384M") -> Iterator[CrashDisk]:
         yield disk
     finally:
         for path in [*disk.crashed, mount]:
-            subprocess.run(["umount", str(path)], check=False)
+            unmount(path)
         for leftover in root.glob("*.img"):
             leftover.unlink(missing_ok=True)
+
+
+def unmount(path: Path) -> None:
+    """Unmount, waiting a little for what a checkpoint left running there to let go; lazily
+    in the end, so that no mount outlives the test."""
+    for _ in range(50):
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["umount", "-l", str(path)], check=False)
