@@ -123,3 +123,28 @@ def test_sync_tree_syncs_every_file_and_directory(tmp_path: Path) -> None:
     synced = durable.sync_tree(str(tmp_path / "ck"))
     assert (synced.files, synced.directories, synced.bytes) == (6, 2, 502)
     assert durable.syncfs(str(tmp_path)) >= 0
+
+
+def test_runc_holds_the_journals_runtime_lock_for_as_long_as_it_lives(tmp_path: Path) -> None:
+    """torpor-runc and its guardian may die before the guardian hears of runc: the lock is runc's
+    too, so nobody removes the journal (and CRIU's configuration in it) while runc runs."""
+    from torpor.shim.argv import Invocation
+    from torpor.shim.checkpoint_cmd import run_runc
+    from torpor.shim.guardian import Guardian
+    from torpor.shim.main import Context
+
+    rec = record(tmp_path, "20260101-000000-runc")
+    journal, owner, deciding = Journal.create(str(tmp_path / "j"), rec)
+    runtime = journal.lock_runtime()
+    assert runtime is not None
+    fake_runc = tmp_path / "runc"
+    # runc's stand-in: is the lock among its open files?
+    fake_runc.write_text("#!/bin/sh\nls -l /proc/$$/fd | grep -q runtime.lock && echo held\n")
+    fake_runc.chmod(0o755)
+    ctx = Context(Invocation(["torpor-runc", "checkpoint", "c1"]), str(fake_runc), config(tmp_path))
+    ran = run_runc(ctx, ["torpor-runc", "checkpoint", "c1"], Guardian(), hold_fd=runtime)
+    assert ran.code == 0 and ran.output == b"held\n"
+    assert not os.get_inheritable(runtime)
+    journals.unlock(runtime)
+    journals.unlock(deciding)
+    journals.unlock(owner)
