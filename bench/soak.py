@@ -131,7 +131,8 @@ def snapshot(w: World, node: Node, name: str, state_dir: Path, store: Path) -> d
         "containerd content": count(node, "content"),
         "containerd snapshots": count(node, "snapshots"),
         "containerd images": count(node, "images"),
-        "torpor journals": len([p for p in checkpoints.glob("*") if p.name != "locks"]),
+        "torpor journals": len([p for p in checkpoints.glob("*") if p.name != "locks"])
+        + len(list((store / "journals").glob("*"))),
         "torpor locks": len(list((checkpoints / "locks").glob("*"))),
         "torpor records": len(list((state_dir / "containers").glob("*/*"))),
         "torpor scratch": len(list((store / "scratch").glob("*"))),

@@ -38,6 +38,7 @@ def start_torpor(node: Node, *args: str) -> subprocess.Popen[str]:
 def leftovers(node: Node, state_dir: Path) -> list[str]:
     found = [str(p) for p in (state_dir / "checkpoints").glob("*") if p.name != "locks"]
     found += [str(p) for p in (state_dir / "checkpoints" / "locks").glob("*")]
+    found += [str(p) for p in (state_dir.parent / "store" / "journals").glob("*")]  # the world's
     return found + [f"lease {x}" for x in node.ctr("leases", "ls", "-q").stdout.split()]
 
 

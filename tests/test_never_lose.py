@@ -15,6 +15,7 @@ import contextlib
 import json
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 
 from .conftest import Nodes
 from .support.containerd import Node
+from .support.crash_disk import crash_disk
 from .support.processes import stop, wait_for
 from .support.registry import Registry, docker_config
 from .support.tcp_proxy import DroppingProxy
@@ -82,12 +84,13 @@ def start_torpor(node: Node, *args: str) -> subprocess.Popen[str]:
 
 
 @contextlib.contextmanager
-def held(node: Node, step: str) -> Iterator[Callable[[], int]]:
-    """Hold the checkpoint at `step` (the test-hold marker torpor checks); yields a function
-    that waits until it is there and returns the pid holding."""
+def held(node: Node, step: str, timeout: float | None = None) -> Iterator[Callable[[], int]]:
+    """Hold the checkpoint at `step` (the test-hold marker torpor checks; it gives up after
+    `timeout` seconds, 120 unless told); yields a function that waits until it is there and
+    returns the pid holding."""
     marker = state_dir(node) / "test-hold" / step
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    marker.write_text("" if timeout is None else str(timeout))
     pid_file = Path(f"{marker}.pid")
 
     def reached() -> int:
@@ -135,6 +138,8 @@ def leftovers(node: Node) -> list[str]:
     stopped containers, containerd leases."""
     found = [str(p) for p in (state_dir(node) / "checkpoints").glob("*") if p.name != "locks"]
     found += [str(p) for p in (state_dir(node) / "checkpoints" / "locks").glob("*")]
+    found += [str(p) for p in (store_dir(node) / "journals").glob("*")]
+    found += [str(p) for p in (store_dir(node) / "kept").glob("*")]
     found += [str(p) for p in (store_dir(node) / "scratch").glob("*")]
     found += [f"lease {lease}" for lease in node.ctr("leases", "ls", "-q").stdout.split()]
     return found
@@ -205,6 +210,83 @@ def test_sigkill_after_the_commit_keeps_the_checkpoint(fnode: Node, tmp_path: Pa
                         check=False)
         assert failed.returncode != 0
         assert not list((state_dir(fnode) / "containers").glob("*/kill-committed-c.*"))
+
+
+# A killed checkpoint never stops its container later ---------------------------------------------
+
+LATE = {
+    # where the checkpoint is when its `torpor` is killed -> how long CRIU's hook holds
+    "runtime-start": None,  # containerd has the call in flight; torpor-runc has not begun
+    "writing": 4.0,         # CRIU holds the dumped container in its hook, which goes on (its
+                            # own hold times out) only after the recovery
+}
+
+
+@pytest.mark.parametrize("step", list(LATE))
+def test_a_killed_checkpoint_never_stops_its_container_later(fnode: Node, tmp_path: Path,
+                                                             step: str) -> None:
+    """`torpor checkpoint` SIGKILLed, `torpor recover` run at once, then the runtime (or CRIU's
+    hook) goes on after the recovery, past every timeout: the container still runs and counts
+    (a container once found stopped two minutes after such a recovery, issue 20)."""
+    hook_hold = LATE[step]
+    with containers(fnode) as names, contextlib.ExitStack() as holds:
+        name = f"late-{step}"
+        before = counter(fnode, names, name)
+        if hook_hold is not None:
+            holds.enter_context(held(fnode, "post-dump", timeout=hook_hold))
+        reached = holds.enter_context(held(fnode, step))
+        cli = start_torpor(fnode, "checkpoint", name, "-o", str(tmp_path / "ck"))
+        reached()
+        kill(cli)
+        done = recover(fnode)  # while the runtime, or CRIU's hook, still waits
+        assert [d["outcome"] for d in done if d["container"] == name] == ["rolled back"], done
+        holds.close()
+        time.sleep((hook_hold or 0) + 6)  # the runtime went on; any late stop has happened now
+        assert_runs_on(fnode, name, before)
+        assert not (tmp_path / "ck").exists()
+        assert recover(fnode) == []
+        assert leftovers(fnode) == []
+
+
+# A power loss -------------------------------------------------------------------------------------
+
+def test_a_power_loss_after_the_commit_leaves_a_checkpoint_that_restores(
+        fnode: Node, tmp_path: Path) -> None:
+    """The commit stopped the container; the node loses power before the kernel wrote the page
+    cache out (a disk that keeps only what was synced, tests/support/crash_disk.py): the
+    checkpoint on the disk, as the power loss left it, is whole and restores."""
+    with containers(fnode) as names, crash_disk(tmp_path / "crash") as disk:
+        before = counter(fnode, names, "power-loss")
+        torpor(fnode, "checkpoint", "power-loss", "-o", str(disk.mount / "ck"))
+        assert task_status(fnode, "power-loss") == "STOPPED"
+        after = disk.crash()
+        assert (after / "ck" / "checkpoint.json").exists()
+        assert_restores(fnode, str(after / "ck"), "power-loss-b", before, names)
+        assert leftovers(fnode) == []
+
+
+def test_a_power_loss_while_criu_holds_the_dump_leaves_the_dump_whole(
+        fnode: Node, tmp_path: Path) -> None:
+    """Before the commit, CRIU holding the dumped container: a power loss now finds CRIU's
+    images whole on the disk (synced at post-dump, so a kept dump is a real one); the killed
+    checkpoint then rolls back and the container runs on."""
+    with containers(fnode) as names, crash_disk(tmp_path / "crash") as disk:
+        name = "power-loss-held"
+        before = counter(fnode, names, name)
+        with held(fnode, "writing") as reached:
+            cli = start_torpor(fnode, "checkpoint", name, "-o", str(disk.mount / "ck"))
+            reached()
+            live = {p.name: p.read_bytes() for p in (disk.mount / "ck" / "criu").iterdir()}
+            after = disk.crash()
+            kill(cli)
+        crashed = {p.name: p.read_bytes() for p in (after / "ck" / "criu").iterdir()}
+        assert "torpor-state.json" in crashed and any(n.startswith("pages-") for n in crashed)
+        assert {n: len(b) for n, b in crashed.items()} == {n: len(b) for n, b in live.items()}
+        assert crashed == live
+        done = recover(fnode)
+        assert [d["outcome"] for d in done if d["container"] == name] == ["rolled back"], done
+        assert_runs_on(fnode, name, before)
+        assert leftovers(fnode) == []
 
 
 # Full filesystems --------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Atomic file writes: a temporary file in the same directory, fsync, rename.
+"""Atomic file writes: a temporary file in the same directory, fsync, rename, fsync of the
+directory.
 
 Stdlib only (`os`): torpor-runc and torpor-hook write with it on every container start.
 """
@@ -11,7 +12,7 @@ from _thread import get_ident  # builtin: threading would cost a millisecond her
 
 def write_atomic(path: str, data: bytes, mode: int | None = None, durable: bool = True) -> None:
     """Write `data` to `path` so that readers see the old or the new file, never a mix; with
-    `durable`, the data is on disk before the rename."""
+    `durable`, the data is on disk before the rename, and the rename once this returns."""
     directory = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -33,3 +34,9 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, durable: bool 
         raise
     os.close(fd)
     os.rename(tmp, path)
+    if durable:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

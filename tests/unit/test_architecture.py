@@ -10,7 +10,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
-GROUND = {"errors", "config", "atomicfile", "output_path", "fastjson", "reporting", "formats", "archive",
+GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting",
+          "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
                 "signing", "criu_images"}

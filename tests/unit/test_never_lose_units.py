@@ -44,12 +44,16 @@ def test_a_journal_appears_whole_and_is_found_from_its_work_path(tmp_path: Path)
     assert journals.journals(str(tmp_path))[0].path == journal.path
     assert journals.is_locked(journal.file(journals.OWNER_LOCK))
     assert journal.read() == RECORD
-    found = Journal.of_work_path(str(tmp_path), journal.work_dir)
+    found = Journal.of_work_path([str(tmp_path)], journal.work_dir)
     assert found is not None and found.path == journal.path
-    assert Journal.of_work_path(str(tmp_path), str(tmp_path / "elsewhere" / "work")) is None
-    assert Journal.of_work_path(str(tmp_path), None) is None
+    assert Journal.of_work_path([str(tmp_path)], str(tmp_path / "x" / "elsewhere" / "work")) is None
+    assert Journal.of_work_path([str(tmp_path)], None) is None
     with pytest.raises(CheckpointError, match="called off"):
-        Journal.of_work_path(str(tmp_path), str(tmp_path / "checkpoints" / "gone" / "work"))
+        Journal.of_work_path([str(tmp_path)], str(tmp_path / "gone" / "work"))
+    # a journal of a `torpor` configured with another store is still one, gone or not
+    with pytest.raises(CheckpointError, match="called off"):
+        Journal.of_work_path(["/elsewhere"], str(tmp_path / "journals" / "20260101-000000-abcd1234" / "work"))
+    assert Journal.of_work_path(["/elsewhere"], str(tmp_path / "journals" / "x" / "work")) is None
     assert journal.decision() is None
     journal.decide(Decision(True, "complete"))
     assert journal.decision() == Decision(True, "complete")

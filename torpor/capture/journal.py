@@ -1,8 +1,12 @@
-"""Per-checkpoint journal directories under the state dir: what one `torpor checkpoint` asked,
+"""Per-checkpoint journal directories in the local store: what one `torpor checkpoint` asked,
 how far it got, and who is still working on it. Nothing here is shared between two checkpoints,
-of one container or of two.
+of one container or of two. They live on persistent storage, beside the scratch space that
+holds the dumps they speak for, so that after a power loss or a reboot `torpor recover` still
+knows which dump was committed and which is the only copy of a workload; every file in them is
+written durably (torpor.atomicfile, torpor.durable). Journals that an older torpor left under
+<state_dir>/checkpoints/ are still found and recovered.
 
-    <state_dir>/checkpoints/<id>/        0700; removed when the checkpoint ends, or by a recovery
+    <store>/journals/<id>/               0700; removed when the checkpoint ends, or by a recovery
         journal.json          the CLI's record: container, target, step reached
         request.json          what torpor-runc is asked to do (formats.request)
         owner.lock            flock held by the `torpor` that runs the checkpoint, while it lives
@@ -18,21 +22,30 @@ of one container or of two.
     <state_dir>/checkpoints/locks/<key>.lock
         held by the `torpor` checkpointing one container (containerd address, namespace, id)
 
-flock locks vanish with their holder, SIGKILL included, so "is the owner alive" is never a
-guess from a pid. Stdlib and torpor.formats only: torpor-runc and CRIU's hook import it.
+flock locks vanish with their holder, SIGKILL included (and with a reboot), so "is the owner
+alive" is never a guess from a pid. A journal is removed only by whoever holds its runtime lock
+after marking it `cancelled` (Journal.retire): a torpor-runc that containerd starts late, after
+its `torpor` died, takes that lock, finds the mark or no journal, and refuses, so it can never
+run CRIU with a hook whose files vanish under it (CRIU ignores a missing CRIU_CONFIG_FILE and
+would then stop the container at its dump).
+
+Stdlib and torpor.formats only: torpor-runc and CRIU's hook import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import shutil
 import time
 from typing import TYPE_CHECKING
 
 from torpor.atomicfile import write_atomic
+from torpor.durable import sync_dir
 from torpor.errors import CheckpointError, FormatError
 from torpor.formats import names
 from torpor.formats.journal import CheckpointJournal, Decision, RuntimeRecord
@@ -46,10 +59,29 @@ RUNTIME_LOCK = "runtime.lock"
 CANCELLED = "cancelled"
 DUMPED = "dumped"
 WORK_DIR = "work"
+JOURNALS_DIR = "journals"
 
 
 def checkpoints_dir(state_dir: str) -> str:
+    """Where the container locks are, and where an older torpor kept its journals."""
     return os.path.join(state_dir, names.CHECKPOINTS_DIR)
+
+
+def journals_dir(store: str) -> str:
+    """Where the journals are: in the local store, on persistent storage."""
+    return os.path.join(store, JOURNALS_DIR)
+
+
+def boot_id() -> str:
+    """This boot's id: a journal of another boot speaks for processes that are gone."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+_JOURNAL_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{8}")
 
 
 def new_id() -> str:
@@ -74,10 +106,10 @@ class Journal:
         return self.file(WORK_DIR)
 
     @classmethod
-    def create(cls, state_dir: str, record: CheckpointJournal) -> tuple[Journal, int, int]:
-        """The new journal, with its owner and decision locks held (their fds): it appears
-        under its name, renamed in, only once they are, so no recovery takes it for dead."""
-        root = checkpoints_dir(state_dir)
+    def create(cls, root: str, record: CheckpointJournal) -> tuple[Journal, int, int]:
+        """The new journal in `root`, with its owner and decision locks held (their fds): it
+        appears under its name, renamed in, only once they are, so no recovery takes it for
+        dead."""
         os.makedirs(root, mode=0o700, exist_ok=True)
         building = cls(os.path.join(root, f".{record.id}.new"))
         os.mkdir(building.path, 0o700)
@@ -88,28 +120,59 @@ class Journal:
             assert owner is not None and deciding is not None
             building.write(record)
             journal = cls(os.path.join(root, record.id))
+            sync_dir(building.path)
             os.rename(building.path, journal.path)
+            sync_dir(root)
         except BaseException:
             shutil.rmtree(building.path, ignore_errors=True)
             raise
         return journal, owner, deciding
 
     @classmethod
-    def of_work_path(cls, state_dir: str, work_path: str | None) -> Journal | None:
-        """The journal whose work directory torpor-runc was given, if it is one;
-        CheckpointError when it names a journal that is gone (its checkpoint was called off:
-        doing it anyway would stop the container with nobody to finish the checkpoint)."""
+    def of_work_path(cls, roots: list[str], work_path: str | None) -> Journal | None:
+        """The journal whose work directory torpor-runc was given, if it is one in one of
+        `roots`; CheckpointError when it names a journal that is gone (its checkpoint was
+        called off: doing it anyway would stop the container with nobody to finish it)."""
         if not work_path:
             return None
         work = os.path.abspath(work_path)
-        root = os.path.abspath(checkpoints_dir(state_dir))
-        if os.path.basename(work) != WORK_DIR or os.path.dirname(os.path.dirname(work)) != root:
+        parent = os.path.dirname(work)
+        if os.path.basename(work) != WORK_DIR:
             return None
-        journal = cls(os.path.dirname(work))
-        if not os.path.isfile(journal.file(names.JOURNAL)):
-            raise CheckpointError(f"checkpoint {journal.id} was called off by the torpor that "
-                                  "asked for it; the container was not touched")
+        # the roots configured here, or any journal's shape: a `torpor` whose configuration
+        # names another store must still get the two-phase stop, never a plain dump
+        if os.path.dirname(parent) not in {os.path.abspath(r) for r in roots} and not (
+                os.path.basename(os.path.dirname(parent)) in (JOURNALS_DIR, names.CHECKPOINTS_DIR)
+                and _JOURNAL_ID.fullmatch(os.path.basename(parent))):
+            return None
+        journal = cls(parent)
+        journal.check_live()
         return journal
+
+    def check_live(self) -> None:
+        """CheckpointError unless the journal is there and not called off."""
+        if not os.path.isfile(self.file(names.JOURNAL)) or self.marked(CANCELLED):
+            raise CheckpointError(f"checkpoint {self.id} was called off by the torpor that "
+                                  "asked for it; the container was not touched")
+
+    def lock_runtime(self, wait: bool = True) -> int | None:
+        """torpor-runc's lock on this journal (its fd), once nobody removes it; CheckpointError
+        when the journal was called off (removed, or marked) meanwhile."""
+        try:
+            fd = lock(self.file(RUNTIME_LOCK), wait=wait)
+        except FileNotFoundError:  # removed while we came
+            fd = None
+            wait = True
+        if fd is None and wait:
+            raise CheckpointError(f"checkpoint {self.id} was called off by the torpor that "
+                                  "asked for it; the container was not touched")
+        if fd is not None:
+            try:
+                self.check_live()
+            except CheckpointError:
+                unlock(fd)
+                raise
+        return fd
 
     # The files ----------------------------------------------------------------------------------
 
@@ -154,24 +217,53 @@ class Journal:
     def marked(self, name: str) -> bool:
         return os.path.exists(self.file(name))
 
+    def retire(self, wait_s: float = 0.0) -> bool:
+        """Call the checkpoint off for good and remove the journal: mark it `cancelled`, then
+        take the runtime lock (waiting up to `wait_s`) and remove it while holding that lock.
+        False, journal kept, when torpor-runc still holds the lock: it is working on it."""
+        with contextlib.suppress(FileNotFoundError):
+            self.mark(CANCELLED)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fd = lock(self.file(RUNTIME_LOCK))
+            except FileNotFoundError:
+                fd = -1  # the journal is gone already
+            if fd is not None:
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        try:
+            self.remove()
+        finally:
+            if fd >= 0:
+                unlock(fd)
+        return True
+
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            sync_dir(os.path.dirname(self.path))
 
 
-def journals(state_dir: str) -> list[Journal]:
-    """Every checkpoint journal on this node, oldest first."""
-    root = checkpoints_dir(state_dir)
-    try:
-        entries = sorted(os.listdir(root))
-    except FileNotFoundError:
-        return []
-    return [Journal(os.path.join(root, e)) for e in entries if e != names.CHECKPOINT_LOCKS_DIR
-            and not e.startswith(".") and os.path.isdir(os.path.join(root, e))]
+def journals(*roots: str) -> list[Journal]:
+    """Every checkpoint journal in `roots` (the store's, and the older state dir's), oldest
+    first."""
+    found = []
+    for root in roots:
+        try:
+            entries = os.listdir(root)
+        except FileNotFoundError:
+            continue
+        found += [Journal(os.path.join(root, e)) for e in entries
+                  if e != names.CHECKPOINT_LOCKS_DIR and not e.startswith(".")
+                  and os.path.isdir(os.path.join(root, e))]
+    return sorted(found, key=lambda j: j.id)
 
 
-def sweep_unborn(state_dir: str, older_than_s: float = 60.0) -> list[str]:
+def sweep_unborn(root: str, older_than_s: float = 60.0) -> list[str]:
     """Remove journals a crash left half-made (never renamed in)."""
-    root = checkpoints_dir(state_dir)
     try:
         entries = [e for e in os.listdir(root) if e.startswith(".") and e.endswith(".new")]
     except FileNotFoundError:
@@ -304,16 +396,28 @@ def sweep_container_locks(state_dir: str) -> list[str]:
     return removed
 
 
-def hold(state_dir: str, step: str) -> None:
+def hold(state_dir: str, step: str) -> bool:
     """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests act here:
-    kill, fill a disk, restart containerd). Costs one stat when unused."""
+    kill, fill a disk, restart containerd). Costs one stat when unused. The marker may hold
+    its timeout in seconds (default 120). False when it timed out: the caller then gives up
+    (aborts, lets the container run on), never goes on as if someone had let it go."""
     marker = os.path.join(state_dir, "test-hold", step)
     if not os.path.exists(marker):
-        return
+        return True
     write_atomic(marker + ".pid", str(os.getpid()).encode(), mode=0o600)
-    deadline = time.monotonic() + 120
-    while os.path.exists(marker) and time.monotonic() < deadline:
+    deadline = time.monotonic() + hold_timeout(marker)
+    while os.path.exists(marker):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
+    return True
+
+
+def hold_timeout(marker: str) -> float:
+    try:
+        return float(_read(marker).strip() or 120)
+    except (OSError, ValueError):
+        return 120.0
 
 
 def _read(path: str) -> bytes:

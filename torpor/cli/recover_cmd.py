@@ -15,7 +15,10 @@ def recover_command(as_json: bool) -> None:
     """Finish checkpoints a crashed or killed torpor left.
 
     A checkpoint that was complete is kept (its container was stopped); one that was not is
-    removed, and its container runs on. Checkpoints still running are left alone.
+    removed, and its container runs on. A dump that may be the only copy of a workload (its
+    container is gone: the node rebooted or its processes ended; or its journal was lost) is
+    never removed: it is kept, in the checkpoint directory or under the store's kept/, and
+    named. Checkpoints still running are left alone.
     """
     done = recover.recover(config.load())
     if as_json:

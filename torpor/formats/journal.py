@@ -1,4 +1,4 @@
-"""The journal of one checkpoint (`<state_dir>/checkpoints/<id>/`, torpor.capture.journal): what
+"""The journal of one checkpoint (`<store>/journals/<id>/`, torpor.capture.journal): what
 `torpor checkpoint` set out to do and how far it got (journal.json), the decision that ends a
 checkpoint which stops its container (decision.json), and what torpor-runc did to the container
 (runtime.json). `torpor recover` reads them after a crash."""
@@ -15,7 +15,7 @@ from torpor.formats.fields import Fields, check_format
 
 # The steps a checkpoint goes through, in order (journal.json's "step").
 STEPS = ("started", "requested", "dumping", "dumped", "writing", "compressing", "pushing",
-         "installing", "committed", "finished")
+         "installing", "syncing", "committed", "finished")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class CheckpointJournal:
     target: JournalTarget = field(default_factory=JournalTarget)
     step: str = "started"
     lease: str | None = None            # containerd lease holding what the checkpoint made
+    boot_id: str = ""                   # the boot it ran in (its processes die with it)
 
     def at(self, step: str, **changes: Any) -> CheckpointJournal:
         if step not in STEPS:
@@ -70,7 +71,8 @@ class CheckpointJournal:
         return {"format": names.JOURNAL_FORMAT, "id": self.id, "container_id": self.container_id,
                 "namespace": self.namespace, "address": self.address, "pid": self.pid,
                 "created": self.created, "leave_running": self.leave_running,
-                "target": self.target.to_json(), "step": self.step, "lease": self.lease}
+                "target": self.target.to_json(), "step": self.step, "lease": self.lease,
+                "boot_id": self.boot_id}
 
     @classmethod
     def from_json(cls, f: Fields) -> CheckpointJournal:
@@ -83,7 +85,7 @@ class CheckpointJournal:
                    pid=f.integer("pid"), created=f.number("created"),
                    leave_running=f.boolean("leave_running"),
                    target=JournalTarget.from_json(f.child("target")), step=step,
-                   lease=f.optional_string("lease"))
+                   lease=f.optional_string("lease"), boot_id=f.string("boot_id", ""))
 
     def dumps(self) -> bytes:
         return _dumps(self.to_json())

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torpor.atomicfile import write_atomic
+from torpor.durable import sync_dir
 from torpor.errors import ImageError
 
 VERSIONS = "versions"
@@ -88,6 +89,7 @@ class Store:
             version.parent.mkdir(mode=0o700, exist_ok=True)
             try:
                 os.rename(layout, version)
+                sync_dir(str(version.parent))
                 self._switch(entry, version)
             except BaseException:
                 if version.exists():
@@ -205,6 +207,7 @@ class Store:
             tmp = entry / f".layout-{secrets.token_hex(4)}"
             os.symlink(f"{VERSIONS}/{version.name}", tmp)
             os.rename(tmp, link)
+            sync_dir(str(entry))  # the switch on disk before the old version goes
             if old is not None and old != version:
                 shutil.rmtree(old, ignore_errors=True)
 

@@ -27,7 +27,9 @@ removes what was written. Steps, in order:
  8. --push: push the manifests, then sign the index (--sign KEY, else [image] signing_key:
     torpor.signing; the key is read in step 1); -t REF: put the image in the local store,
     replacing an older REF in one rename; the index digest is recorded as this node's own;
- 9. commit: CRIU stops the container (without --leave-running); the lease and journal go.
+ 9. every file and directory of the checkpoint (the directory, the layout, the store's
+    version) on disk (torpor.durable); commit: CRIU stops the container (without
+    --leave-running); the lease and journal go.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torpor import output_path
+from torpor import durable, output_path
 from torpor.capture import journal as journals
 from torpor.capture.journal import ContainerLock
 from torpor.config import Config
@@ -184,9 +186,11 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     # 3.-6. the dump and the checkpoint directory
     metadata = checkpoint_into(txn, container, request, directory, progress, started)
     if plan.scratch is None:
+        synced = _make_durable(txn, progress, directory)
         txn.commit()
         return CheckpointResult(container.record.id, stopped, metadata.sizes,
-                                {**metadata.timings, "total_s": time.monotonic() - started},
+                                {**metadata.timings, "sync_s": synced,
+                                 "total_s": time.monotonic() - started},
                                 directory=directory)
 
     # 7. the image, 8. the push or the store
@@ -248,13 +252,22 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     if ref and not target.oci:
         txn.step("installing")
         layout = str(Store(cfg.image_store).install(ref, built.layout))
-    # 9. commit
+    # 9. on disk, then commit
+    timings["sync_s"] = _make_durable(txn, progress, os.path.realpath(layout))
     txn.commit()
     timings["total_s"] = time.monotonic() - started
     return CheckpointResult(container.record.id, stopped, metadata.sizes, timings, ref=ref,
                             layout=layout, digest=built.index.digest,
                             raw_bytes=built.raw_bytes, compressed_bytes=built.compressed_bytes,
                             pushed=pushed, new_bytes=built.new_bytes, previous=built.previous)
+
+
+def _make_durable(txn: Transaction, progress: Progress, output: str) -> float:
+    """The checkpoint's files and directories on disk before the commit lets CRIU stop the
+    container (a power loss after it must find a checkpoint that restores); the seconds."""
+    txn.step("syncing")
+    progress.step(f"syncing {output} to disk")
+    return durable.sync_tree(output).seconds
 
 
 def _failed(txn: Transaction, container_id: str, error: BaseException) -> BaseException:

@@ -61,8 +61,8 @@ class Transaction:
         record = CheckpointJournal(
             id=checkpoint_id, container_id=container_id, namespace=client.namespace,
             address=client.address, pid=os.getpid(), created=time.time(),
-            leave_running=leave_running, target=target)
-        journal, owner, deciding = Journal.create(cfg.runtime_state_dir, record)
+            leave_running=leave_running, target=target, boot_id=journals.boot_id())
+        journal, owner, deciding = Journal.create(journals.journals_dir(cfg.image_store), record)
         return cls(client, cfg, journal, record, progress, owner, deciding)
 
     @property
@@ -72,7 +72,8 @@ class Transaction:
     def step(self, step: str, **changes: object) -> None:
         self.record = self.record.at(step, **changes)
         self.journal.write(self.record)
-        journals.hold(self.cfg.runtime_state_dir, step)
+        if not journals.hold(self.cfg.runtime_state_dir, step) and not self.decided:
+            raise CheckpointError(f"the test hold at {step} timed out")
 
     # The dump --------------------------------------------------------------------------------
 
@@ -153,10 +154,8 @@ class Transaction:
                 lease_kept = True  # containerd is away: `torpor recover` drops it later
         if self.record.target.scratch:
             shutil.rmtree(self.record.target.scratch, ignore_errors=True)
-        if lease_kept:
-            self.step("finished")
-        else:
-            self.journal.remove()
+        if lease_kept or not self.journal.retire(wait_s=SETTLE_S):
+            self.step("finished")  # containerd or torpor-runc still busy: `torpor recover` ends it
         journals.unlock(self.deciding)
         journals.unlock(self.owner)
 

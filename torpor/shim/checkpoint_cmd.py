@@ -76,12 +76,11 @@ def run(ctx: Context) -> int:
     timings: dict[str, float] = {}
 
     # 1. the checkpoint's journal, the container and the request
-    journal = Journal.of_work_path(state_dir, inv.flag("work-path"))
-    runtime_lock = journals.lock(journal.file(journals.RUNTIME_LOCK), wait=True) \
-        if journal else None
-    if journal is not None and journal.marked(journals.CANCELLED):
-        raise CheckpointError(f"checkpoint {journal.id} was called off by the torpor that "
-                              "asked for it; the container was not touched")
+    journal = Journal.of_work_path(journal_roots(ctx), inv.flag("work-path"))
+    if journal is not None:
+        interrupt.hold(ctx, "runtime-start")  # tests: a runtime that comes late
+    # held until runc is done (runc inherits it): nobody removes the journal under CRIU
+    runtime_lock = journal.lock_runtime() if journal else None
     try:
         current = runc.state(ctx.runtime, inv, container_id)
     except CheckpointError:
@@ -92,16 +91,28 @@ def run(ctx: Context) -> int:
     lock = ContainerLock.acquire(state_dir, bundle, "runtime", container_id,
                                  f"torpor-runc pid {os.getpid()}")
     try:
-        return _checkpoint(ctx, inv, journal, container_id, pid, bundle, started, timings)
+        return _checkpoint(ctx, inv, journal, container_id, pid, bundle, started, timings,
+                           runtime_lock)
     finally:
         lock.release()
         journals.unlock(runtime_lock)
 
 
+def journal_roots(ctx: Context) -> list[str]:
+    """Where `torpor checkpoint` keeps its journals (and where an older one kept them)."""
+    return [journals.journals_dir(ctx.cfg.image_store),
+            journals.checkpoints_dir(ctx.cfg.runtime_state_dir)]
+
+
 def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, container_id: str,
-                pid: int, bundle: str, started: float, timings: dict[str, float]) -> int:
+                pid: int, bundle: str, started: float, timings: dict[str, float],
+                runtime_lock: int | None) -> int:
     config = spec.load(bundle)
     request = journal.read_request() if journal else None
+    if request is not None and request.expires and request.expires < time.time():
+        raise CheckpointError(f"the request of checkpoint {journal.id if journal else '?'} "
+                              "expired before the runtime was run; the container was not "
+                              "touched", hint="run `torpor checkpoint` again")
     given_path = inv.flag("image-path")
     image_path = ((request.image_path if request else None) or given_path
                   or os.path.join(os.getcwd(), "checkpoint"))
@@ -143,7 +154,8 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         if criu.leave_running and not cgroup.is_frozen():
             # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
             ran, we_froze, saved = _dump_leaving_running(
-                ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings)
+                ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings,
+                runtime_lock)
         else:
             with frozen(cgroup, ctx.log) as we_froze:
                 interrupt.hold(ctx, "frozen")
@@ -155,9 +167,9 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                     journal.mark(names.PENDING_STATE, _state(
                         container_id, pid, criu, policy, network, saved, tree, gpu, timings,
                         started, we_froze, seal).dumps().decode())
-                    env = post_dump.install(journal)
+                    env = post_dump.install(journal, ctx.cfg.runtime_state_dir)
                 t = time.monotonic()
-                ran = run_runc(ctx, argv, guardian, env, journal, pid)
+                ran = run_runc(ctx, argv, guardian, env, journal, pid, hold_fd=runtime_lock)
                 timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
         state = _state(container_id, pid, criu, policy, network, saved, tree, gpu, timings,
@@ -194,7 +206,7 @@ def _state(container_id: str, pid: int, criu: CriuOptions, policy: FilePolicy,
 def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgroup: Cgroup,
                           journal: Journal | None, pid: int, config: OciSpec,
                           policy: FilePolicy, image_path: str, timings: dict[str, float],
-                          ) -> tuple[RuncRun, bool, SavedFiles]:
+                          runtime_lock: int | None = None) -> tuple[RuncRun, bool, SavedFiles]:
     """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
@@ -204,7 +216,8 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     saved = SavedFiles()
     try:
         t = time.monotonic()
-        ran = run_runc(ctx, argv, guardian, hook.env(), journal, pid)
+        ran = run_runc(ctx, argv, guardian, hook.env(), journal, pid,
+                       hold_fd=runtime_lock)
         timings["runc_checkpoint_s"] = time.monotonic() - t
         we_froze = hook.froze()
         if ran.code == 0:
@@ -284,19 +297,28 @@ class RuncRun:
 
 def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
              env: dict[str, str] | None = None, journal: Journal | None = None,
-             pid: int = 0) -> RuncRun:
+             pid: int = 0, hold_fd: int | None = None) -> RuncRun:
     """`runc checkpoint` with the caller's argv. An interrupt waits for it (CRIU must finish),
     within its deadline (torpor.deadlines), which stands still while CRIU's post-dump hook
     waits for the decision of the `torpor checkpoint` that asked (held_for_decision); past
     it runc and CRIU are killed. The output is held back: on failure, torpor's reason goes
-    first, because containerd shows the first line."""
+    first, because containerd shows the first line. runc inherits `hold_fd` (the journal's
+    runtime lock): the lock lives as long as runc does, even should torpor-runc and its
+    guardian be killed before the guardian hears of runc."""
     from torpor.capture import deadlines
 
     since = ctx.log.mark()
     limit = deadlines.budget(ctx.cfg.checkpoint_timeout_s, deadlines.memory_bytes(pid)) \
         if ctx.cfg.checkpoint_timeout_s > 0 else float("inf")
-    proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    if hold_fd is not None:
+        os.set_inheritable(hold_fd, True)
+    try:
+        proc = subprocess.Popen([ctx.runtime, *argv[1:]], close_fds=False,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+    finally:
+        if hold_fd is not None:
+            os.set_inheritable(hold_fd, False)
     guardian.tell(runc_pid=proc.pid)
     interrupted = False
     while True:

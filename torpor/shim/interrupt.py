@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -44,12 +43,9 @@ def interruptible() -> Iterator[None]:
 
 
 def hold(ctx: Context, step: str) -> None:
-    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests kill us here)."""
-    marker = os.path.join(ctx.cfg.runtime_state_dir, "test-hold", step)
-    if not os.path.exists(marker):
-        return
-    with open(marker + ".pid", "w") as f:
-        f.write(str(os.getpid()))
-    deadline = time.monotonic() + 120
-    while os.path.exists(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    """Test hook: stop at `step` while <state_dir>/test-hold/<step> exists (tests kill us here).
+    A hold that times out interrupts the checkpoint: the container runs on."""
+    from torpor.capture import journal
+
+    if not journal.hold(ctx.cfg.runtime_state_dir, step):
+        raise Interrupted(f"the test hold at {step} timed out; the container keeps running")

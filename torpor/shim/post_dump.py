@@ -9,9 +9,10 @@ to break checkpoint", made for migrations that move the images first). For a che
  1. torpor-runc writes <journal>/criu.conf (the caller's CRIU_CONFIG_FILE, if any, plus
     `action-script <journal>/post-dump`) and runs runc with CRIU_CONFIG_FILE naming it: the
     CRIU that runc starts reads it (swrk mode included);
- 2. at post-dump the hook puts torpor-runc's state.json in place, marks the journal `dumped`,
-    and waits on the decision lock, which `torpor checkpoint` holds while it writes the
-    checkpoint (metadata, layers, push) and lets go once it has decided, or when it dies;
+ 2. at post-dump the hook puts torpor-runc's state.json in place, makes CRIU's images
+    durable (torpor.durable), marks the journal `dumped`, and waits on the decision lock,
+    which `torpor checkpoint` holds while it writes the checkpoint (metadata, layers, push)
+    and lets go once it has decided, or when it dies;
  3. commit: exit 0, CRIU kills the container as a plain `runc checkpoint` does (TCP sockets
     closed in repair mode, nothing sent to peers, the network lock held until then) and runc
     deletes it; abort, or no decision because `torpor` died: exit 1, CRIU resumes the
@@ -27,22 +28,24 @@ import shlex
 import sys
 import time
 
+from torpor.atomicfile import write_atomic
 from torpor.capture import journal as journals
 from torpor.capture.journal import Journal
+from torpor.durable import sync_tree
 from torpor.formats import names
 from torpor.formats import state as container_state
 
 SCRIPT = """#!/bin/sh
 # torpor: CRIU's post-dump hook for checkpoint {id} (torpor.shim.post_dump)
 [ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
-exec {python} -S -c {code} {journal}
+exec {python} -S -c {code} {journal} {state_dir}
 """
 HOOK = "post-dump"
 CONFIG = "criu.conf"
 RUNC_STARTED = "TORPOR_RUNC_STARTED"
 
 
-def install(journal: Journal) -> dict[str, str]:
+def install(journal: Journal, state_dir: str) -> dict[str, str]:
     """Write the hook and CRIU's configuration into the journal; the environment for runc."""
     paths = [p for p in sys.path if p]
     code = (f"import sys; sys.path[:0] = {paths!r}; "
@@ -50,7 +53,8 @@ def install(journal: Journal) -> dict[str, str]:
     script = journal.file(HOOK)
     with open(script, "w") as f:
         f.write(SCRIPT.format(id=journal.id, python=shlex.quote(sys.executable),
-                              code=shlex.quote(code), journal=shlex.quote(journal.path)))
+                              code=shlex.quote(code), journal=shlex.quote(journal.path),
+                              state_dir=shlex.quote(state_dir)))
     os.chmod(script, 0o700)
     write_action_config(journal.file(CONFIG), script)
     return {**os.environ, "CRIU_CONFIG_FILE": journal.file(CONFIG),
@@ -67,26 +71,34 @@ def write_action_config(path: str, script: str) -> None:
                 inherited = f.read().rstrip("\n") + "\n"
         except OSError:
             inherited = ""
-    with open(path, "w") as f:
-        f.write(f"{inherited}action-script {script}\n")
+    write_atomic(path, f"{inherited}action-script {script}\n".encode(), mode=0o600)
 
 
 def main(argv: list[str]) -> int:
-    """The hook at post-dump: exit 0 to let CRIU stop the container, 1 to let it run on."""
+    """The hook at post-dump: exit 0 to let CRIU stop the container, 1 to let it run on. Only
+    a commit that `torpor checkpoint` wrote, in a journal nobody called off, stops it; every
+    other way out (an error, a hold that timed out, a journal gone) lets it run on."""
     journal = Journal(argv[1])
-    state_dir = os.path.dirname(os.path.dirname(journal.path))
+    state_dir = argv[2] if len(argv) > 2 else os.path.dirname(os.path.dirname(journal.path))
     try:
         _finish_dump(journal)
     except Exception as e:  # the checkpoint is not whole: keep the container
         sys.stderr.write(f"torpor post-dump: {e}; the container will run on\n")
         return 1
-    journals.hold(state_dir, "post-dump")
-    fd = journals.lock(journal.file(journals.DECISION_LOCK), wait=True)
+    if not journals.hold(state_dir, "post-dump"):
+        sys.stderr.write("torpor post-dump: the test hold timed out; the container will run on\n")
+        return 1
+    try:
+        fd = journals.lock(journal.file(journals.DECISION_LOCK), wait=True)
+    except OSError as e:  # the journal is gone: it was called off
+        sys.stderr.write(f"torpor post-dump: {e}; the container will run on\n")
+        return 1
     try:
         decision = journal.decision()
+        cancelled = journal.marked(journals.CANCELLED)
     finally:
         journals.unlock(fd)
-    return 0 if decision is not None and decision.commit else 1
+    return 0 if decision is not None and decision.commit and not cancelled else 1
 
 
 def _finish_dump(journal: Journal) -> None:
@@ -100,6 +112,9 @@ def _finish_dump(journal: Journal) -> None:
     started = float(os.environ.get(RUNC_STARTED) or time.time())
     timings = {**state.timings, "runc_checkpoint_s": time.time() - started}
     timings["total_s"] = timings.get("total_s", 0.0) + timings["runc_checkpoint_s"]
+    # a dump marked `dumped` is on disk (it may become the only copy of the workload): CRIU's
+    # images now, the state (written durably) after them
+    timings["sync_dump_s"] = sync_tree(request.image_path).seconds
     from dataclasses import replace
 
     container_state.write(request.image_path, replace(state, timings=timings))
