@@ -159,11 +159,14 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
     keys = options.decryption_keys
+    if options.name is not None:   # before anything is read or downloaded
+        name_free(client, options.name)
     kind = kind_of(source, store)
     if kind is SourceKind.DIRECTORY:
         # 1. the directory, every file checked, 2. this node, 3. the policy
         progress.step(f"checking {os.path.abspath(source)}")
         metadata = checkpoint_dir.load(source, max_files=limits.max_files)
+        name_free(client, options.name or metadata.container.id)
         compat.check(metadata, cfg)
         approved = approve(metadata, options, cfg, client.namespace)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
@@ -173,6 +176,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
             directory = str(scratch / "checkpoint")
             metadata = kube.to_directory(client, kube_archive.read(source), directory, progress)
+            name_free(client, options.name or metadata.container.id)
             approved = approve(metadata, options, cfg, client.namespace)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings)
@@ -185,6 +189,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             progress.step(f"fetching {source}'s index and metadata")
             with fetch_metadata(source, registry_options(cfg, source, options.registry)) as plan:
                 image = image_of_plan(plan, limits)
+                name_free(client, options.name or image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
                 compat.check(image.metadata, cfg)
                 unpack.check_keys(image, keys)
@@ -212,6 +217,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             else:
                 layout = source
             image = unpack.open_layout(layout, limits=limits)
+            name_free(client, options.name or image.metadata.container.id)
             compat.check(image.metadata, cfg)
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
@@ -232,6 +238,18 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings, rootfs_image=chain)
+
+
+def name_free(client: Client, name: str) -> None:
+    """The container name is valid and not taken: known before any layer is downloaded,
+    unpacked or imported (checked again when the container is created)."""
+    names.check_identifier(name, "the container name")
+    try:
+        client.get_container(name)
+    except NotFound:
+        return
+    raise AlreadyExists(f"container {name} already exists",
+                        hint="restore under another --name, or delete it first")
 
 
 def _restore_directory(client: Client, directory: str, metadata: CheckpointMetadata,
