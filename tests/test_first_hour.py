@@ -185,3 +185,57 @@ def test_checkpoint_to_a_registry_checks_it_before_the_dump(
     finally:
         if locked is not None:
             locked.stop()
+
+
+def test_errors_name_the_input_and_the_fix(first_node: Node, registry: Registry,
+                                           test_image: dict[str, object],
+                                           tmp_path: Path) -> None:
+    """The errors a new user meets, in their words: a path that is not there, a layout copied
+    without --all, a container in another namespace, an encrypted checkpoint inspected without
+    its key."""
+    node = first_node
+    missing = str(tmp_path / "no-such-checkpoint")
+    for verb in ("restore", "inspect", "push"):
+        result = torpor(node, verb, missing, *(["reg.example/x:1"] if verb == "push" else []),
+                        check=False)
+        assert result.returncode != 0
+        assert f"{missing}: no such file or directory, and not an image reference" \
+            in result.stderr, result.stderr
+    result = torpor(node, "restore", "Not_A/Ref", check=False)
+    assert "Not_A/Ref: no such file or directory, and not an image reference" in result.stderr
+
+    name = "words"
+    ref = f"{registry.host}/first/{name}:1"
+    with containers(node) as on_node:
+        on_node.append(name)
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--push", "--leave-running")
+        copied = tmp_path / "copied"
+        subprocess.run(["skopeo", "copy", "--src-tls-verify=false", f"docker://{ref}",
+                        f"oci:{copied}:ckpt"], check=True, capture_output=True)
+        result = torpor(node, "restore", str(copied), "--name", "words-b", check=False)
+        assert result.returncode != 0
+        assert "skopeo copy --all" in result.stderr, result.stderr
+
+        result = torpor(node, "-n", "elsewhere", "checkpoint", name, "-o", str(tmp_path / "d"),
+                        check=False)
+        assert result.returncode != 0
+        assert "not found" in result.stderr
+        assert "namespace elsewhere" in result.stderr and "-n NAMESPACE" in result.stderr
+        assert "--address" in result.stderr
+
+        key = tmp_path / "k.pem"
+        subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-out", str(key)], check=True)
+        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out",
+                        str(tmp_path / "k.pub")], check=True)
+        layout = tmp_path / "encrypted"
+        torpor(node, "checkpoint", name, "-o", str(layout), "--oci", "--leave-running",
+               "--encrypt-recipient", f"jwe:{tmp_path / 'k.pub'}")
+        sealed = torpor(node, "inspect", str(layout)).stdout
+        for what in ("processes", "network", "mounts"):
+            assert re.search(rf"^{what} +encrypted \(give --decryption-key", sealed, re.M), sealed
+        opened = torpor(node, "inspect", str(layout), "--decryption-key", str(key)).stdout
+        assert re.search(r"^mounts +/proc \(proc\)", opened, re.M), opened
+        assert "at checkpoint time" in opened
+        torpor(node, "rm", ref)
