@@ -54,6 +54,7 @@ from torpor.errors import AlreadyExists, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
+from torpor.formats.node import NodeFacts
 from torpor.formats.oci import OciSpec
 from torpor.formats.spec_requests import (
     TORPOR_HOOK_ARG0,
@@ -66,6 +67,7 @@ from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
+from torpor.node import runtime as runtime_tools
 from torpor.ops import generation, kube
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
@@ -167,7 +169,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         progress.step(f"checking {os.path.abspath(source)}")
         metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         name_free(client, options.name or metadata.container.id)
-        compat.check(metadata, cfg)
+        compat.check(metadata, cfg, this_node(client, options))
         approved = approve(metadata, options, cfg, client.namespace)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
                                   cfg, progress, started, source, timings)
@@ -191,7 +193,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 image = image_of_plan(plan, limits)
                 name_free(client, options.name or image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
-                compat.check(image.metadata, cfg)
+                compat.check(image.metadata, cfg, this_node(client, options))
                 unpack.check_keys(image, keys)
                 check_download_space(plan, cfg)
                 metadata_layout = str(scratch / "metadata")
@@ -218,7 +220,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 layout = source
             image = unpack.open_layout(layout, limits=limits)
             name_free(client, options.name or image.metadata.container.id)
-            compat.check(image.metadata, cfg)
+            compat.check(image.metadata, cfg, this_node(client, options))
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
@@ -238,6 +240,13 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings, rootfs_image=chain)
+
+
+def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
+    """This node as the restored container's runtime sees it: the runc and CRIU that the shim
+    runs through this restore's torpor-runc, on containerd's PATH (node/runtime.py)."""
+    binary = options.runtime_binary or default_runtime_binary()
+    return runtime_tools.gather(client.address, RuntimeInfo(runc_runtime.RUNC_SHIM, binary))
 
 
 def name_free(client: Client, name: str) -> None:
