@@ -239,3 +239,30 @@ def test_errors_name_the_input_and_the_fix(first_node: Node, registry: Registry,
         assert re.search(r"^mounts +/proc \(proc\)", opened, re.M), opened
         assert "at checkpoint time" in opened
         torpor(node, "rm", ref)
+
+
+def test_rm_removes_the_image_a_restore_imported(first_node: Node, registry: Registry,
+                                                 test_image: dict[str, object]) -> None:
+    """What torpor made, it removes: `torpor rm REF` also deletes the runnable image that
+    `torpor restore REF` imported into containerd; an image of that name torpor did not make
+    stays."""
+    node = first_node
+    name = "rm-leftover"
+    ref = f"{registry.host}/first/{name}:1"
+    with containers(node) as on_node:
+        on_node += [name, "rm-restored"]
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--leave-running")
+        torpor(node, "restore", ref, "--name", "rm-restored")
+        assert ref in node.ctr("images", "ls", "-q").stdout.split()
+        node.ctr("tasks", "delete", "--force", "rm-restored")
+        node.ctr("containers", "delete", "rm-restored")
+        out = torpor(node, "rm", ref).stdout
+        assert "and its image in containerd" in out
+        assert ref not in node.ctr("images", "ls", "-q").stdout.split()
+        # not torpor's: kept
+        node.ctr("images", "tag", str(test_image["name"]), ref)
+        torpor(node, "checkpoint", name, "-t", ref, "--leave-running")
+        torpor(node, "rm", ref)
+        assert ref in node.ctr("images", "ls", "-q").stdout.split()
+        node.ctr("images", "rm", ref)

@@ -249,6 +249,10 @@ class Client:
                          images_pb2.CreateImageRequest(image=image),
                          images_pb2.CreateImageResponse, f"create image {image.name}").image
 
+    def delete_image(self, name: str) -> None:
+        self._empty("/containerd.services.images.v1.Images/Delete",
+                    images_pb2.DeleteImageRequest(name=name), f"delete image {name}")
+
     def update_image(self, image: images_pb2.Image) -> images_pb2.Image:
         return self.call("/containerd.services.images.v1.Images/Update",
                          images_pb2.UpdateImageRequest(image=image),
