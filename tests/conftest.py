@@ -102,9 +102,10 @@ class Nodes:
 
     def start(self, name: str, own_netns: bool = False, cri: bool = False,
               config: Path | None = None, extra_env: dict[str, str] | None = None,
-              containerd: str = "1.6", runc: str = "1.1") -> Node:
+              containerd: str = "1.6", runc: str = "1.1", torpor_runtime: bool = True) -> Node:
         return self.world.node(name, own_netns=own_netns, cri=cri, config=config,
-                               extra_env=extra_env, containerd=containerd, runc=runc)
+                               extra_env=extra_env, containerd=containerd, runc=runc,
+                               torpor_runtime=torpor_runtime)
 
     def main_node(self, containerd: str, runc: str) -> Node:
         """The session's node A for these versions, started on first use."""

@@ -90,9 +90,11 @@ class Node:
     def __init__(self, base: Path, name: str, bin_dir: Path, torpor_config: Path,
                  netns: NetNS | None = None, cri: bool = False,
                  extra_env: dict[str, str] | None = None, containerd_bin: Path | None = None,
-                 runc: Path | None = None) -> None:
+                 runc: Path | None = None, torpor_runtime: bool = True) -> None:
         """`containerd_bin`: the directory of another containerd, ctr and shim (default: PATH);
-        `runc`: the low-level runtime for torpor-runc and plain runc (default: runc on PATH)."""
+        `runc`: the low-level runtime for torpor-runc and plain runc (default: runc on PATH);
+        `torpor_runtime`: the runtime class torpor in its config (`torpor check` tests go
+        without)."""
         self.name = name
         self.root = base / name
         self.bin_dir = bin_dir
@@ -113,6 +115,7 @@ class Node:
         self.config_path = self.root / "config.toml"
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_env = dict(extra_env or {})
+        self.torpor_runtime = torpor_runtime
 
     @property
     def env(self) -> dict[str, str]:
@@ -139,7 +142,8 @@ class Node:
         if self.runc is not None:
             self._use_runc(self.runc)
         self.config_path.write_text(self._config_text())
-        containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"))
+        if self.torpor_runtime:
+            containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"))
         cmd = [self.containerd, "--config", str(self.config_path)]
         if self.netns is not None:
             # nsenter, not `ip netns exec`: that also remounts /sys, hiding the cgroup mounts

@@ -51,7 +51,7 @@ class World:
 
     def node(self, name: str, own_netns: bool = False, cri: bool = False,
              config: Path | None = None, extra_env: dict[str, str] | None = None,
-             containerd: str = "1.6", runc: str = "1.1") -> Node:
+             containerd: str = "1.6", runc: str = "1.1", torpor_runtime: bool = True) -> Node:
         """A new containerd node with the test image imported; `config` replaces the world's
         torpor config for it, and `extra_env` reaches containerd, its shims and torpor-runc.
         `containerd` ("1.6" or "2") and `runc` ("1.1" or "1.3", torpor-runc's low-level runtime
@@ -62,7 +62,7 @@ class World:
         node = Node(self.base / "nodes", name, self.bin, config or self.config, netns=netns,
                     cri=cri, extra_env=extra_env,
                     containerd_bin=ecosystem.containerd_bin(containerd),
-                    runc=ecosystem.runc_path(runc))
+                    runc=ecosystem.runc_path(runc), torpor_runtime=torpor_runtime)
         self.nodes.append(node)
         node.start()
         node.ctr("images", "import", str(self.image_tar))

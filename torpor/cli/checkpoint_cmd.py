@@ -9,6 +9,7 @@ from torpor.cli.durations import duration_option
 from torpor.cli.encryption_flags import recipient_option, recipients_from
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
+from torpor.cli.target_flags import check_target
 from torpor.formats.criu import CriuOptions
 from torpor.formats.files import VolumePolicy
 from torpor.formats.request import CheckpointRequest
@@ -75,14 +76,9 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     torpor checkpoint web1 -o DIR --oci      the image as an OCI image layout
     torpor checkpoint web1 -t REF --every 10m --keep 5 [--push]   periodically
     """
-    if not directory and not ref:
-        raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
-    if push and not ref:
-        raise click.UsageError("--push needs -t REF")
+    check_target(directory, oci, ref, push)
     if sign_key and not push:
         raise click.UsageError("--sign signs what is pushed: give -t REF --push")
-    if oci and not directory:
-        raise click.UsageError("--oci needs -o DIR")
     if recipients and not (ref or oci):
         raise click.UsageError("--encrypt-recipient encrypts an image: give -t REF or -o DIR --oci")
     request = CheckpointRequest(

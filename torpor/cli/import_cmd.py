@@ -7,6 +7,7 @@ import click
 from torpor import config
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
+from torpor.cli.target_flags import check_target
 from torpor.containerd.nerdctl import DATA_ROOT
 from torpor.ops.checkpoint import CheckpointTarget
 from torpor.ops.nerdctl_import import import_checkpoint
@@ -42,12 +43,7 @@ def import_command(g: Globals, container: str, checkpoint: str, directory: str |
     torpor import web1 ck1 -t REF [--push]   a checkpoint image (pushed to REF's registry)
     torpor import web1 /path/to/ck1 -o DIR   CHECKPOINT as a directory
     """
-    if not directory and not ref:
-        raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
-    if push and not ref:
-        raise click.UsageError("--push needs -t REF")
-    if oci and not directory:
-        raise click.UsageError("--oci needs -o DIR")
+    check_target(directory, oci, ref, push)
     target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
                               registry=access_from(username, password_stdin, ca_file, insecure))
     with g.client() as client:

@@ -64,15 +64,21 @@ def render(report: InspectReport) -> str:
         lines.append(_indent(table(["PID", "PPID", "NAME", "RSS", "COMMAND"], [
             [str(p.ns_pid), str(ns_of.get(p.ppid, 0)), p.name, human_size(p.rss_bytes),
              " ".join(p.cmdline)[:60]] for p in state.processes])))
-    network = state.network
-    lines.append(f"network      {network.netns_path}: " + ", ".join(
-        f"{a.address}/{a.prefixlen} ({a.ifname})" for a in network.config.addresses))
-    listening = [f"{s.proto} {s.address}:{s.port} {s.state}" for s in network.sockets]
-    if listening:
-        lines.append("sockets      " + "; ".join(listening[:8]))
-    mounts = m.container.spec.get("mounts") or []
-    lines.append("mounts       " + ", ".join(f"{mount.get('destination')} ({mount.get('type')})"
-                                             for mount in mounts))
+    if report.sealed:   # the spec, processes and network are in the encrypted metadata layer
+        lines += [f"{what:<12} encrypted (give --decryption-key KEY.pem to see them)"
+                  for what in ("processes", "network", "mounts")]
+    else:
+        network = state.network
+        lines.append("network      " + (", ".join(
+            f"{a.address}/{a.prefixlen} ({a.ifname})" for a in network.config.addresses) or "-")
+            + (f"  (the namespace was {network.netns_path} at checkpoint time)"
+               if network.netns_path else ""))
+        listening = [f"{s.proto} {s.address}:{s.port} {s.state}" for s in network.sockets]
+        if listening:
+            lines.append("sockets      " + "; ".join(listening[:8]))
+        mounts = m.container.spec.get("mounts") or []
+        lines.append("mounts       " + (", ".join(
+            f"{mount.get('destination')} ({mount.get('type')})" for mount in mounts) or "-"))
     if state.gpu is not None:
         from torpor.gpu.inventory import describe
 

@@ -7,6 +7,7 @@ import click
 from torpor import config
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
+from torpor.cli.target_flags import check_target
 from torpor.ops import kube
 from torpor.ops.kube import KubeResult
 
@@ -56,12 +57,7 @@ def import_command(g: Globals, archive: str, directory: str | None, oci: bool, r
                    ca_file: str | None, insecure: bool) -> None:
     """A kubelet checkpoint archive as a torpor checkpoint. Its base image must be in
     containerd (-n k8s.io on the node the pod ran on)."""
-    if not directory and not ref:
-        raise click.UsageError("give -o DIR (a directory) or -t REF (an image)")
-    if push and not ref:
-        raise click.UsageError("--push needs -t REF")
-    if oci and not directory:
-        raise click.UsageError("--oci needs -o DIR")
+    check_target(directory, oci, ref, push)
     with g.client() as client:
         result = kube.import_archive(
             client, archive, config.load(), directory=directory, oci=oci, ref=ref, push=push,

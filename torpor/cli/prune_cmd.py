@@ -7,7 +7,7 @@ import click
 from torpor import config
 from torpor.cli.durations import duration_option
 from torpor.cli.output import Globals, emit_json
-from torpor.cli.registry_flags import access_from, registry_options
+from torpor.cli.registry_flags import access_from, given, registry_options
 from torpor.ops.prune import Retention, prune
 
 
@@ -33,6 +33,9 @@ def prune_command(g: Globals, repository: str | None, keep: int | None,
     same image are one generation; a pack stays while any kept generation uses it."""
     if in_registry and not repository:
         raise click.UsageError("--registry needs REPOSITORY")
+    if not in_registry and (unused := given("username", "password_stdin", "ca_file", "insecure")):
+        raise click.UsageError(f"{', '.join(unused)} reach a registry: without --registry, "
+                               "prune touches only the local store (give --registry REPOSITORY)")
     result = prune(config.load(), Retention(keep, older_than), repository,
                    registry=in_registry, dry_run=dry_run,
                    access=access_from(username, password_stdin, ca_file, insecure),

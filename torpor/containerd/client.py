@@ -166,9 +166,16 @@ class Client:
     # Containers -------------------------------------------------------------------------------
 
     def get_container(self, container_id: str) -> containers_pb2.Container:
-        return self.call("/containerd.services.containers.v1.Containers/Get",
-                         containers_pb2.GetContainerRequest(id=container_id),
-                         containers_pb2.GetContainerResponse, f"container {container_id}").container
+        try:
+            return self.call("/containerd.services.containers.v1.Containers/Get",
+                             containers_pb2.GetContainerRequest(id=container_id),
+                             containers_pb2.GetContainerResponse,
+                             f"container {container_id}").container
+        except NotFound as error:
+            error.hint = (f"looked in namespace {self.namespace} of containerd at "
+                          f"{self.address}: another one? give -n NAMESPACE (ctr -n, nerdctl "
+                          "--namespace; Kubernetes: k8s.io) or --address SOCKET")
+            raise
 
     def list_containers(self, *filters: str) -> list[containers_pb2.Container]:
         """Containers matching any of containerd's filters (`labels."k"==v`); all without one."""
@@ -243,6 +250,10 @@ class Client:
         return self.call("/containerd.services.images.v1.Images/Create",
                          images_pb2.CreateImageRequest(image=image),
                          images_pb2.CreateImageResponse, f"create image {image.name}").image
+
+    def delete_image(self, name: str) -> None:
+        self._empty("/containerd.services.images.v1.Images/Delete",
+                    images_pb2.DeleteImageRequest(name=name), f"delete image {name}")
 
     def update_image(self, image: images_pb2.Image) -> images_pb2.Image:
         return self.call("/containerd.services.images.v1.Images/Update",

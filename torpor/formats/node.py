@@ -41,6 +41,7 @@ class Requirement:
     name: str
     status: str
     detail: str
+    fix: str = ""           # the command (or step) that fixes a failure
 
     def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail}
+        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}

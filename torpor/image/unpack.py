@@ -268,8 +268,12 @@ def open_layout(layout_dir: str, ref_name: str | None = None,
     state_config = next((doc.get("config") for _, doc in manifests.values()
                          if is_state_manifest(doc)), None)
     if state_config is None:
+        copied = "layers" in index   # one image manifest where the checkpoint's index belongs
         raise ImageError(f"{layout_dir} is not a torpor checkpoint image: no manifest has "
-                         f"artifactType {mt.ARTIFACT_TYPE}")
+                         f"artifactType {mt.ARTIFACT_TYPE}",
+                         hint="it holds the runnable image alone, as a copy without --all "
+                              "leaves it: copy the whole index with `skopeo copy --all "
+                              "docker://REF oci:DIR:TAG`" if copied else None)
     config = layout.read_small(Descriptor.from_json(state_config, "config"),
                                limits.max_config_bytes, "checkpoint metadata")
     return assemble(index_desc, index, manifests, config, limits)

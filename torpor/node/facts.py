@@ -17,9 +17,10 @@ from torpor.formats.node import NodeFacts
 CGROUP2_SUPER_MAGIC = 0x63677270
 
 
-def _run(*cmd: str, timeout: float = 20) -> tuple[int, str]:
+def _run(*cmd: str, timeout: float = 20,
+         env: dict[str, str] | None = None) -> tuple[int, str]:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 127, str(e)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
@@ -56,11 +57,14 @@ def criu_version(criu: str | None = None) -> tuple[int, ...]:
     return parse_version(line) if code == 0 else ()
 
 
-def runc_version(runc: str | None = None) -> tuple[int, ...]:
+def runc_version(runc: str | None = None,
+                 env: dict[str, str] | None = None) -> tuple[int, ...]:
+    """`runc --version`; `runc` may be torpor-runc, which passes it through to its runc, run
+    in `env` (the environment the shim runs it in)."""
     runc = runc or which("runc")
     if not runc:
         return ()
-    code, out = _run(runc, "--version")
+    code, out = _run(runc, "--version", env=env)
     return parse_version(out.splitlines()[0]) if code == 0 and out else ()
 
 
@@ -120,12 +124,17 @@ def low_level_runc(runtime_path: str) -> str | None:
     return runtime_path if "/" in runtime_path else which(runtime_path)
 
 
-def gather(runc: str | None = None, criu: str | None = None) -> NodeFacts:
+def gather(runc: str | None = None, criu: str | None = None,
+           versions: tuple[str, str] | None = None) -> NodeFacts:
+    """This node's facts; `versions` (runc's, CRIU's) when they are already known
+    (torpor.node.runtime: the ones containerd's runtime runs)."""
+    runc_text, criu_text = versions or (version_str(runc_version(runc)),
+                                        version_str(criu_version(criu)))
     return NodeFacts(
         architecture=go_arch(),
         kernel=platform.release(),
-        criu_version=version_str(criu_version(criu)),
-        runc_version=version_str(runc_version(runc)),
+        criu_version=criu_text,
+        runc_version=runc_text,
         cgroup_version=cgroup_version(),
         cpu_flags=tuple(cpu_flags()),
         nvidia_driver=nvidia_driver_version(),

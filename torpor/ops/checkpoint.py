@@ -152,6 +152,8 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
         key_path = target.sign or cfg.image_signing_key
         signing_key = load_signing_key(key_path) if key_path else None
     try:
+        if early is not None:   # reachable, credentials accepted: before CRIU touches it
+            _check_registry(early, container_id)
         # 2. the journal and the output's place
         checkpoint_id = journals.new_id()
         txn = Transaction.begin(client, cfg, checkpoint_id, container_id,
@@ -292,6 +294,15 @@ def _failed(txn: Transaction, container_id: str, error: BaseException) -> BaseEx
         return error
     return CheckpointError(f"checkpoint of {container_id} failed: {reason}",
                            hint=f"{container_id} {state}; nothing was kept")
+
+
+def _check_registry(early: EarlyBlobs, container_id: str) -> None:
+    try:
+        early.check_access()
+    except TorporError as error:
+        error.hint = (f"{error.hint}; " if error.hint else "") + \
+            f"checked before checkpointing: {container_id} was not touched"
+        raise
 
 
 def _reason(error: BaseException) -> str:

@@ -20,7 +20,7 @@ from torpor.formats.files import Sizes
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo, RuntimeInfo
 from torpor.formats.request import CheckpointRequest
 from torpor.image import directory as checkpoint_dir
-from torpor.node import facts as node
+from torpor.node import runtime as runtime_tools
 from torpor.ops.transaction import Transaction
 from torpor.reporting import Progress
 
@@ -76,7 +76,7 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
             labels=dict(record.labels), snapshotter=record.snapshotter,
             snapshot_key=record.snapshot_key),
         image=container.image, request=request,
-        node=node.gather(runc=node.low_level_runc(txn.cfg.runtime_path)), state=state,
+        node=runtime_tools.gather(txn.client.address, container.runtime), state=state,
         sizes=Sizes(
             memory_pages=sum(f.size for f in files
                              if os.path.basename(f.path).startswith("pages-")),

@@ -54,7 +54,7 @@ from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
 from torpor.image import sound_indexes
 from torpor.image.store import Store
-from torpor.node import facts as node
+from torpor.node import runtime as runtime_tools
 from torpor.ops.checkpoint import CheckpointTarget
 from torpor.ops.sources import mount_from, registry_options, tag_of
 from torpor.registry import push_layout
@@ -193,7 +193,7 @@ def _lay_out(client: Client, container: containers_pb2.Container, runtime: Runti
         image=image,
         request=CheckpointRequest(criu=state.criu, volumes=state.policy.volumes,
                                   dev_shm=state.policy.dev_shm, rootfs=state.policy.rootfs),
-        node=node.gather(runc=node.low_level_runc(cfg.runtime_path)), state=state,
+        node=runtime_tools.gather(client.address, runtime), state=state,
         sizes=Sizes(
             memory_pages=sum(f.size for f in files
                              if os.path.basename(f.path).startswith("pages-")),

@@ -62,6 +62,7 @@ from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
+from torpor.formats.node import NodeFacts
 from torpor.formats.oci import OciSpec
 from torpor.formats.spec_requests import (
     TORPOR_HOOK_ARG0,
@@ -74,6 +75,7 @@ from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
+from torpor.node import runtime as runtime_tools
 from torpor.ops import generation, kube
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
@@ -167,13 +169,16 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
     keys = options.decryption_keys
+    if options.name is not None:   # before anything is read or downloaded
+        name_free(client, options.name)
     kind = kind_of(source, store)
     if kind is SourceKind.DIRECTORY:
         # 1. the directory, every file checked, 2. this node, 3. the policy
         progress.step(f"checking {os.path.abspath(source)}")
         with _deadline(cfg, f"reading the checkpoint {os.path.abspath(source)}"):
             metadata = checkpoint_dir.load(source, max_files=limits.max_files)
-        compat.check(metadata, cfg)
+        name_free(client, options.name or metadata.container.id)
+        compat.check(metadata, cfg, this_node(client, options))
         approved = approve(metadata, options, cfg, client.namespace)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
                                   cfg, progress, started, source, timings)
@@ -184,6 +189,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             with _deadline(cfg, f"reading the kubelet checkpoint {source}"):
                 metadata = kube.to_directory(client, kube_archive.read(source), directory,
                                              progress)
+            name_free(client, options.name or metadata.container.id)
             approved = approve(metadata, options, cfg, client.namespace)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings)
@@ -199,8 +205,9 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                 signing.checker(cfg, source, signed)) as plan:
                 progress.step(signed[0].describe())
                 image = image_of_plan(plan, limits)
+                name_free(client, options.name or image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
-                compat.check(image.metadata, cfg)
+                compat.check(image.metadata, cfg, this_node(client, options))
                 unpack.check_keys(image, keys)
                 check_download_space(plan, cfg)
                 metadata_layout = str(scratch / "metadata")
@@ -226,7 +233,8 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             else:
                 layout = source
             image = unpack.open_layout(layout, limits=limits)
-            compat.check(image.metadata, cfg)
+            name_free(client, options.name or image.metadata.container.id)
+            compat.check(image.metadata, cfg, this_node(client, options))
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
@@ -250,6 +258,25 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings, rootfs_image=chain)
+
+
+def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
+    """This node as the restored container's runtime sees it: the runc and CRIU that the shim
+    runs through this restore's torpor-runc, on containerd's PATH (node/runtime.py)."""
+    binary = options.runtime_binary or default_runtime_binary()
+    return runtime_tools.gather(client.address, RuntimeInfo(runc_runtime.RUNC_SHIM, binary))
+
+
+def name_free(client: Client, name: str) -> None:
+    """The container name is valid and not taken: known before any layer is downloaded,
+    unpacked or imported (checked again when the container is created)."""
+    names.check_identifier(name, "the container name")
+    try:
+        client.get_container(name)
+    except NotFound:
+        return
+    raise AlreadyExists(f"container {name} already exists",
+                        hint="restore under another --name, or delete it first")
 
 
 def _restore_directory(client: Client, directory: str, metadata: CheckpointMetadata,

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from torpor.config import Config
-from torpor.errors import ImageError, RestoreError
+from torpor.errors import ConfigError, ImageError, RestoreError
 from torpor.formats import names
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.image import kube_archive, unpack
@@ -44,7 +44,19 @@ def kind_of(source: str, store: Store) -> SourceKind:
         raise ImageError(f"{source} is a file, not a kubelet checkpoint archive")
     if store.has(source):
         return SourceKind.STORE
+    not_here = f"{source}: no such file or directory, and not an image reference"
+    if source.startswith(("/", "./", "../", "~")):   # a path, never a reference
+        raise ImageError(not_here, hint=SOURCE_HINT)
+    try:
+        parse_reference(source)
+    except ConfigError as error:
+        raise ImageError(f"{not_here} ({error.message.rpartition(': ')[2]})",
+                         hint=SOURCE_HINT) from None
     return SourceKind.REGISTRY
+
+
+SOURCE_HINT = ("give a checkpoint directory, an OCI layout or a kubelet checkpoint archive that "
+               "exists, a local image (torpor ls) or [registry[:port]/]repository[:tag]")
 
 
 def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryOptions:

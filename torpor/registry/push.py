@@ -185,6 +185,13 @@ class EarlyBlobs:
         self._futures.append((blob, self._pool.submit(push_blob, self._repo, Path(path), blob,
                                                       self._mount_from, lambda offset: None)))
 
+    def check_access(self) -> None:
+        """The registry answers and takes a push from these credentials: one upload started
+        and cancelled (RegistryError or AuthError otherwise), before there is anything to send."""
+        started = self._repo.start_upload()
+        if started.location:
+            self._repo.cancel_upload(started.location)
+
     def __enter__(self) -> EarlyBlobs:
         return self
 

@@ -144,3 +144,22 @@ def install(path: str, binary_name: str, version: int | None = None) -> tuple[bo
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomic(path, tomlkit.dumps(doc).encode(), mode=0o644)
     return True, backup
+
+
+def configured_binary(path: str) -> str | None:
+    """The BinaryName of the runtime class torpor in containerd's config.toml at `path` (its
+    CRI plugin's runtimes, config version 2 or 3); None where there is none (or no file)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    version = int(doc.get("version", 1))
+    plugin = (doc.get("plugins") or {}).get(CRI_PLUGIN.get(version, ""), {})
+    runtime = ((plugin.get("containerd") or {}).get("runtimes") or {}).get(RUNTIME_NAME)
+    if not isinstance(runtime, dict) or runtime.get("runtime_type") != "io.containerd.runc.v2":
+        return None
+    binary = (runtime.get("options") or {}).get("BinaryName")
+    return str(binary) if binary else None

@@ -1,0 +1,268 @@
+"""A new user's first hour (issue 24): every refusal that can be known before the expensive part
+comes before it, and says what to do. Real containerd, runc, CRIU and docker-registry; the
+registry's own log counts what was asked of it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Nodes
+from .support.containerd import Node
+from .support.processes import free_port
+from .support.registry import Registry, docker_config
+from .support.workload import (
+    COUNTER,
+    containers,
+    read_counter,
+    task_pid,
+    task_status,
+    wait_counter_above,
+)
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+
+
+@pytest.fixture(scope="module")
+def first_node(nodes: Nodes, session_dir: Path) -> Node:
+    """A node with a store and state of its own (so a test can look at what it left)."""
+    base = session_dir / "first-hour"
+    base.mkdir()
+    config = base / "node.toml"
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n[image]\nstore = "{base}/store"\n')
+    return nodes.start("first-hour", config=config)
+
+
+@pytest.fixture(scope="module")
+def registry(session_dir: Path) -> Iterator[Registry]:
+    started = Registry(session_dir / "registries", f"first-{uuid.uuid4().hex[:6]}").start()
+    yield started
+    started.stop()
+
+
+def torpor(node: Node, *args: str, check: bool = True, env: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    cmd = [str(node.bin_dir / "torpor"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
+                            timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
+                             f"{result.stdout}{result.stderr}")
+    return result
+
+
+def requests_since(registry: Registry, mark: int) -> list[str]:
+    """The requests the registry answered after `mark` (a length of its log): "GET /v2/..."."""
+    text = registry.log.read_text(errors="replace")[mark:]
+    found = (re.search(r'http\.request\.method=(\w+) .*?http\.request\.uri="([^"]+)"', line)
+             for line in text.splitlines() if "response completed" in line)
+    return [f"{m.group(1)} {m.group(2)}" for m in found if m]
+
+
+def layer_digests(registry: Registry, repository: str, tag: str) -> set[str]:
+    """The digests of every layer of the image index at repository:tag, asked of the registry."""
+    def get(reference: str) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://{registry.host}/v2/{repository}/manifests/{reference}",
+            headers={"Accept": "application/vnd.oci.image.index.v1+json, "
+                               "application/vnd.oci.image.manifest.v1+json"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            document: dict[str, Any] = json.load(answer)
+            return document
+
+    return {layer["digest"] for m in get(tag)["manifests"]
+            for layer in get(m["digest"])["layers"]}
+
+
+def log_mark(registry: Registry) -> int:
+    return len(registry.log.read_text(errors="replace"))
+
+
+def start_counter(node: Node, test_image: dict[str, object], name: str) -> None:
+    node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+    wait_counter_above(node, name, 2)
+
+
+def test_restore_refuses_a_taken_or_bad_name_before_any_download(
+        first_node: Node, registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    """`torpor restore REF` where the container's name is taken (the README's own restore on
+    the checkpointing node), or with an invalid --name, is refused before a layer comes down:
+    no layer blob is asked of the registry, nothing lands in the store, no image in containerd."""
+    node = first_node
+    name = "taken"
+    ref = f"{registry.host}/first/{name}:1"
+    store = session_dir / "first-hour" / "store"
+    with containers(node) as on_node:
+        on_node.append(name)
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--push", "--leave-running")
+        torpor(node, "rm", ref)   # from the registry, not the local store
+        images_before = node.ctr("images", "ls", "-q").stdout.split()
+        layers = layer_digests(registry, f"first/{name}", "1")
+
+        mark = log_mark(registry)
+        taken = torpor(node, "restore", ref, check=False)
+        assert taken.returncode != 0
+        assert f"container {name} already exists" in taken.stderr
+        assert "--name" in taken.stderr
+        blobs = {r.rsplit("/", 1)[1] for r in requests_since(registry, mark) if "/blobs/" in r}
+        assert blobs and not blobs & layers   # the metadata (configs) alone names the container
+
+        for bad, words in ((name, f"container {name} already exists"),
+                           ("bad name", "the container name 'bad name'")):
+            mark = log_mark(registry)
+            refused = torpor(node, "restore", ref, "--name", bad, check=False)
+            assert refused.returncode != 0
+            assert words in refused.stderr, refused.stderr
+            assert requests_since(registry, mark) == []   # not even the index
+
+        assert not list(store.glob("images/*/layout/blobs/sha256/*"))
+        assert not list(store.glob("scratch/*"))
+        assert node.ctr("images", "ls", "-q").stdout.split() == images_before
+        assert task_status(node, name) == "RUNNING"
+
+
+def test_restore_from_the_store_refuses_a_taken_name_before_unpacking(
+        first_node: Node, registry: Registry, test_image: dict[str, object]) -> None:
+    """The same refusal for a local image: nothing unpacked, no image imported into containerd."""
+    node = first_node
+    name = "taken-local"
+    ref = f"{registry.host}/first/{name}:1"
+    with containers(node) as on_node:
+        on_node.append(name)
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--leave-running")
+        images_before = node.ctr("images", "ls", "-q").stdout.split()
+        refused = torpor(node, "restore", ref, check=False)
+        assert refused.returncode != 0
+        assert f"container {name} already exists" in refused.stderr
+        assert ref not in node.ctr("images", "ls", "-q").stdout.split()
+        assert node.ctr("images", "ls", "-q").stdout.split() == images_before
+        torpor(node, "rm", ref)
+
+
+@pytest.mark.parametrize("problem", ["unreachable", "bad-credentials"])
+def test_checkpoint_to_a_registry_checks_it_before_the_dump(
+        first_node: Node, session_dir: Path, test_image: dict[str, object],
+        tmp_path: Path, problem: str) -> None:
+    """`torpor checkpoint C -t REG/x:1 --push` asks the registry (reachable, the credentials
+    accepted for a push) before CRIU touches C: C runs on with the same process, counting."""
+    node = first_node
+    name = f"push-{problem}"
+    env: dict[str, str] = {}
+    locked: Registry | None = None
+    if problem == "unreachable":
+        host = f"127.0.0.1:{free_port()}"   # nothing listens there
+    else:
+        locked = Registry(session_dir / "registries", f"locked-{uuid.uuid4().hex[:6]}",
+                          users={"alice": "right-pw"}).start()
+        host = locked.host
+        env["DOCKER_CONFIG"] = str(docker_config(tmp_path / "docker",
+                                                 {host: ("alice", "wrong-pw")}).parent)
+    try:
+        with containers(node) as on_node:
+            on_node.append(name)
+            start_counter(node, test_image, name)
+            pid = task_pid(node, name)
+            result = torpor(node, "checkpoint", name, "-t", f"{host}/first/{name}:1", "--push",
+                            check=False, env=env)
+            assert result.returncode != 0
+            assert host in result.stderr
+            assert "checked before checkpointing" in result.stderr, result.stderr
+            assert "checkpointing the task" not in result.stderr   # CRIU never ran
+            assert task_status(node, name) == "RUNNING" and task_pid(node, name) == pid
+            wait_counter_above(node, name, read_counter(node, name) + 3)
+    finally:
+        if locked is not None:
+            locked.stop()
+
+
+def test_errors_name_the_input_and_the_fix(first_node: Node, registry: Registry,
+                                           test_image: dict[str, object],
+                                           tmp_path: Path) -> None:
+    """The errors a new user meets, in their words: a path that is not there, a layout copied
+    without --all, a container in another namespace, an encrypted checkpoint inspected without
+    its key."""
+    node = first_node
+    missing = str(tmp_path / "no-such-checkpoint")
+    for verb in ("restore", "inspect", "push"):
+        result = torpor(node, verb, missing, *(["reg.example/x:1"] if verb == "push" else []),
+                        check=False)
+        assert result.returncode != 0
+        assert f"{missing}: no such file or directory, and not an image reference" \
+            in result.stderr, result.stderr
+    result = torpor(node, "restore", "Not_A/Ref", check=False)
+    assert "Not_A/Ref: no such file or directory, and not an image reference" in result.stderr
+
+    name = "words"
+    ref = f"{registry.host}/first/{name}:1"
+    with containers(node) as on_node:
+        on_node.append(name)
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--push", "--leave-running")
+        copied = tmp_path / "copied"
+        subprocess.run(["skopeo", "copy", "--src-tls-verify=false", f"docker://{ref}",
+                        f"oci:{copied}:ckpt"], check=True, capture_output=True)
+        result = torpor(node, "restore", str(copied), "--name", "words-b", check=False)
+        assert result.returncode != 0
+        assert "skopeo copy --all" in result.stderr, result.stderr
+
+        result = torpor(node, "-n", "elsewhere", "checkpoint", name, "-o", str(tmp_path / "d"),
+                        check=False)
+        assert result.returncode != 0
+        assert "not found" in result.stderr
+        assert "namespace elsewhere" in result.stderr and "-n NAMESPACE" in result.stderr
+        assert "--address" in result.stderr
+
+        key = tmp_path / "k.pem"
+        subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt",
+                        "ec_paramgen_curve:P-256", "-out", str(key)], check=True)
+        subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out",
+                        str(tmp_path / "k.pub")], check=True)
+        layout = tmp_path / "encrypted"
+        torpor(node, "checkpoint", name, "-o", str(layout), "--oci", "--leave-running",
+               "--encrypt-recipient", f"jwe:{tmp_path / 'k.pub'}")
+        sealed = torpor(node, "inspect", str(layout)).stdout
+        for what in ("processes", "network", "mounts"):
+            assert re.search(rf"^{what} +encrypted \(give --decryption-key", sealed, re.M), sealed
+        opened = torpor(node, "inspect", str(layout), "--decryption-key", str(key)).stdout
+        assert re.search(r"^mounts +/proc \(proc\)", opened, re.M), opened
+        assert "at checkpoint time" in opened
+        torpor(node, "rm", ref)
+
+
+def test_rm_removes_the_image_a_restore_imported(first_node: Node, registry: Registry,
+                                                 test_image: dict[str, object]) -> None:
+    """What torpor made, it removes: `torpor rm REF` also deletes the runnable image that
+    `torpor restore REF` imported into containerd; an image of that name torpor did not make
+    stays."""
+    node = first_node
+    name = "rm-leftover"
+    ref = f"{registry.host}/first/{name}:1"
+    with containers(node) as on_node:
+        on_node += [name, "rm-restored"]
+        start_counter(node, test_image, name)
+        torpor(node, "checkpoint", name, "-t", ref, "--leave-running")
+        torpor(node, "restore", ref, "--name", "rm-restored")
+        assert ref in node.ctr("images", "ls", "-q").stdout.split()
+        node.ctr("tasks", "delete", "--force", "rm-restored")
+        node.ctr("containers", "delete", "rm-restored")
+        out = torpor(node, "rm", ref).stdout
+        assert "and its image in containerd" in out
+        assert ref not in node.ctr("images", "ls", "-q").stdout.split()
+        # not torpor's: kept
+        node.ctr("images", "tag", str(test_image["name"]), ref)
+        torpor(node, "checkpoint", name, "-t", ref, "--leave-running")
+        torpor(node, "rm", ref)
+        assert ref in node.ctr("images", "ls", "-q").stdout.split()
+        node.ctr("images", "rm", ref)
