@@ -46,7 +46,8 @@ from .workload import remove, wait_kv
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 FORMS = ("dir", "layout", "registry")
 CASE_TIMEOUT = 60.0
-OUTCOMES = ("refused", "restored", "escape", "hang", "internal", "leftover", "unpushable")
+OUTCOMES = ("refused", "restored", "escape", "hang", "internal", "leftover", "unpushable",
+            "harness")   # harness: the fuzzer itself failed to make the case
 
 
 # The genuine checkpoint -----------------------------------------------------------------------
@@ -503,8 +504,13 @@ class Layout:
 
     def descriptors(self) -> list[tuple[Any, Any]]:
         """(manifest, descriptor) of every config and layer."""
-        return [(m, d) for m in self.manifests if isinstance(m, dict)
-                for d in [m.get("config"), *(m.get("layers") or [])] if isinstance(d, dict)]
+        out = []
+        for m in self.manifests:
+            if isinstance(m, dict):
+                layers = m.get("layers")
+                out += [(m, d) for d in [m.get("config"), *(layers if isinstance(layers, list)
+                                                              else [])] if isinstance(d, dict)]
+        return out
 
     def data(self, descriptor: Any) -> bytes:
         if id(descriptor) in self.new:
@@ -683,6 +689,8 @@ def _http(method: str, url: str, data: bytes | None = None,
             return response.status, dict(response.headers)
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers)
+    except (ValueError, OSError) as e:   # a header or URL the mutation made unsendable
+        raise Unpushable(f"{method} {url[:80]}: {e}") from None
 
 
 def push_layout(layout: Path, host: str, repo: str, tag: str) -> str:
@@ -789,54 +797,63 @@ def run_case(g: Genuine, case: str, timeout: float = CASE_TIMEOUT, keep: bool = 
     name = f"fz-{form[0]}{number}"
     extra = ["--volume", f"/data={volume}"]
     try:
-        if form == "dir":
-            source = where / "ck"
-            copy_genuine(g.directory, source)
-            mutations = mutate_directory(source, rng, g.canary, count)
-            target = str(source)
-        else:
-            source = where / "layout"
-            copy_genuine(g.layout, source)
-            mutations = mutate_layout(source, rng, g.canary, count, always_rehash=form == "registry")
-            target = str(source)
-            if form == "registry":
-                assert g.registry is not None
-                try:
-                    target = push_layout(source, g.registry.host, f"fuzz/c{number}", "1")
-                except Unpushable as e:
-                    return Result(case, "unpushable", mutations, str(e),
-                                  time.monotonic() - start)
-                extra.append("--insecure")
-        before = tree_digest(g.canary)
-        try:
-            result = torpor(g.node, "restore", target, "--name", name, *extra, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            remove(g.node, name)
-            return Result(case, "hang", mutations, f"no answer in {timeout:.0f} s",
-                          time.monotonic() - start)
-        err = result.stderr
-        last = (err.strip().splitlines() or [""])[-1][:200]
-        if "Traceback" in err or "internal error" in err or \
-                (result.returncode != 0 and "torpor: error:" not in err):
-            outcome, detail = "internal", err[-1500:]
-        elif result.returncode != 0:
-            left = leftovers(g, name)
-            outcome, detail = ("leftover", f"{left}: {last}") if left else ("refused", last)
-        else:
-            outside = [p for p in volume.rglob("*")
-                       if not p.is_symlink() and volume.resolve() not in p.resolve().parents]
-            outcome, detail = ("escape", f"volume entries outside: {outside}") if outside \
-                else ("restored", "")
-        remove(g.node, name)
-        if result.returncode == 0 and leftovers(g, name)[:1] == ["container"]:
-            outcome, detail = "leftover", "the restored container could not be removed"
-        broke = escaped(g, before)
-        if broke:
-            outcome, detail = "escape", broke
-        return Result(case, outcome, mutations, detail, time.monotonic() - start)
+        return _run_case(g, case, form, number, rng, where, volume, count, name, extra,
+                         timeout, start)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OSError) as e:
+        return Result(case, "harness", [], f"{type(e).__name__}: {e}", time.monotonic() - start)
     finally:
         if not keep:
             shutil.rmtree(where, ignore_errors=True)
+
+
+def _run_case(g: Genuine, case: str, form: str, number: str, rng: random.Random, where: Path,
+              volume: Path, count: int, name: str, extra: list[str], timeout: float,
+              start: float) -> Result:
+    if form == "dir":
+        source = where / "ck"
+        copy_genuine(g.directory, source)
+        mutations = mutate_directory(source, rng, g.canary, count)
+        target = str(source)
+    else:
+        source = where / "layout"
+        copy_genuine(g.layout, source)
+        mutations = mutate_layout(source, rng, g.canary, count, always_rehash=form == "registry")
+        target = str(source)
+        if form == "registry":
+            assert g.registry is not None
+            try:
+                target = push_layout(source, g.registry.host, f"fuzz/c{number}", "1")
+            except Unpushable as e:
+                return Result(case, "unpushable", mutations, str(e),
+                              time.monotonic() - start)
+            extra.append("--insecure")
+    before = tree_digest(g.canary)
+    try:
+        result = torpor(g.node, "restore", target, "--name", name, *extra, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        remove(g.node, name)
+        return Result(case, "hang", mutations, f"no answer in {timeout:.0f} s",
+                      time.monotonic() - start)
+    err = result.stderr
+    last = (err.strip().splitlines() or [""])[-1][:200]
+    if "Traceback" in err or "internal error" in err or \
+            (result.returncode != 0 and "torpor: error:" not in err):
+        outcome, detail = "internal", err[-1500:]
+    elif result.returncode != 0:
+        left = leftovers(g, name)
+        outcome, detail = ("leftover", f"{left}: {last}") if left else ("refused", last)
+    else:
+        outside = [p for p in volume.rglob("*")
+                   if not p.is_symlink() and volume.resolve() not in p.resolve().parents]
+        outcome, detail = ("escape", f"volume entries outside: {outside}") if outside \
+            else ("restored", "")
+    remove(g.node, name)
+    if result.returncode == 0 and leftovers(g, name)[:1] == ["container"]:
+        outcome, detail = "leftover", "the restored container could not be removed"
+    broke = escaped(g, before)
+    if broke:
+        outcome, detail = "escape", broke
+    return Result(case, outcome, mutations, detail, time.monotonic() - start)
 
 
 @dataclass
