@@ -26,6 +26,10 @@ REGRESSIONS = [
     "dir:1:1",    # mount options not a list: TypeError in torpor-runc (capture/volumes.py)
     "dir:1:35",   # a socket address not an IP: ValueError in torpor-runc (formats/network.py)
 ]
+# found, not fixed here (issue 20 item 3, deadlines): criu/pages-1.img truncated, its listed size
+# made to match: CRIU's restorer fails, CRIU hangs in wait4, torpor restore never returns and
+# `ctr tasks delete --force` hangs too, until runc and CRIU are killed by hand.
+KNOWN_HANGS = ["dir:3:152"]
 
 
 @pytest.fixture(scope="module")
