@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
 
-.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman install protos clean
+.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman bench-fuzz install protos clean
 
 # Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
 deps:
@@ -57,6 +57,10 @@ bench-registry: deps
 
 bench-podman: deps
 	$(PY) -m bench.podman
+
+# The mutation fuzzer at length: CASES per form, SEED (python -m bench.fuzz --help).
+bench-fuzz: deps
+	$(PY) -m bench.fuzz --cases $(or $(CASES),300) --seed $(or $(SEED),1)
 
 # System-wide: /opt/torpor venv, fast launchers in $(PREFIX)/bin, the containerd shim launcher.
 install: deps

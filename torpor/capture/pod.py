@@ -116,8 +116,9 @@ def standalone(spec: OciSpec, files_dir: str, network_given: bool) -> OciSpec:
             del ns["path"]
     os.makedirs(files_dir, mode=0o700, exist_ok=True)
     for index, mount in enumerate(spec.get("mounts") or []):
-        if mount.get("type") != "bind" and "bind" not in (mount.get("options") or []) \
-                and "rbind" not in (mount.get("options") or []):
+        options = mount.get("options") or [] if isinstance(mount, dict) else None
+        if not isinstance(options, list) or (
+                mount.get("type") != "bind" and "bind" not in options and "rbind" not in options):
             continue
         destination = str(mount.get("destination", "")).rstrip("/")
         if destination in POD_FILES:
@@ -143,8 +144,10 @@ def own_engine_files(spec: OciSpec, files_dir: str, mapped: frozenset[str]) -> O
     spec = copy.deepcopy(spec)
     made = False
     for mount in spec.get("mounts") or []:
+        options = mount.get("options") or [] if isinstance(mount, dict) else None
+        if not isinstance(options, list):
+            continue   # malformed: the spec's check (SpecRequests) refuses it in words
         destination = str(mount.get("destination", "")).rstrip("/")
-        options = mount.get("options") or []
         bind = mount.get("type") == "bind" or "bind" in options or "rbind" in options
         if bind and destination in POD_FILES and destination not in mapped:
             if not made:

@@ -28,6 +28,8 @@ SYSTEM_PREFIXES = ("/proc", "/sys", "/dev")
 
 def is_bind(mount: dict[str, Any]) -> bool:
     options = mount.get("options") or []
+    if not isinstance(options, list):
+        options = []   # malformed: runc refuses the spec in words
     return mount.get("type") == "bind" or "bind" in options or "rbind" in options
 
 
@@ -42,7 +44,8 @@ def select(spec: OciSpec, policy: VolumePolicy,
             continue
         destination = str(mount.get("destination", "")).rstrip("/") or "/"
         source = str(mount.get("source", ""))
-        read_only = "ro" in (mount.get("options") or [])
+        options = mount.get("options")
+        read_only = isinstance(options, list) and "ro" in options
         if not source or not os.path.exists(source):
             continue
         kind = "dir" if os.path.isdir(source) else "file"

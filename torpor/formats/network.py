@@ -4,11 +4,32 @@ leaves for torpor-hook."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from torpor.errors import FormatError
 from torpor.formats.fields import Fields
 from torpor.formats.flat import from_flat, to_flat
+
+
+class _IpFields:
+    """Records whose `IP_FIELDS` must hold IP addresses (or nothing): a checkpoint's are read
+    from its metadata, and a restore hands them to the kernel."""
+
+    IP_FIELDS: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in self.IP_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                kind = type(self).__name__.lower()
+                raise FormatError(f"network {kind}: {name} {str(value)[:80]!r} is not an IP "
+                                  "address") from None
 
 
 @dataclass(frozen=True)
@@ -23,7 +44,8 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Address:
+class Address(_IpFields):
+    IP_FIELDS = ("address",)
     ifname: str | None
     family: str
     address: str | None
@@ -32,7 +54,8 @@ class Address:
 
 
 @dataclass(frozen=True)
-class Route:
+class Route(_IpFields):
+    IP_FIELDS = ("dst", "gateway", "prefsrc")
     family: str
     dst: str | None
     dst_len: int
@@ -55,7 +78,8 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class Neighbour:
+class Neighbour(_IpFields):
+    IP_FIELDS = ("dst",)
     ifname: str | None
     dst: str | None
     lladdr: str | None
@@ -89,8 +113,10 @@ class NetnsSnapshot:
 
 
 @dataclass(frozen=True)
-class SocketAddress:
+class SocketAddress(_IpFields):
     """A TCP or UDP socket's local address in the namespace, and its state."""
+
+    IP_FIELDS = ("address",)
 
     proto: str
     address: str
