@@ -344,7 +344,8 @@ def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin
            "CONTAINERD_CONFIG": str(config), "CONTAINERD_BIN": str(containerd),
            "TORPOR_BIN": str(torpor_bin / "torpor"), "PREFIX": str(torpor_bin.parent),
            "TORPOR_SKIP_INSTALL": "1", "TORPOR_RESTART": "none",
-           "TORPOR_MARKER": str(tmp_path / "installed"), "TORPOR_PYTHON": sys.executable}
+           "TORPOR_MARKER": str(tmp_path / "installed"), "TORPOR_PYTHON": sys.executable,
+           "TORPOR_CONFIG": str(tmp_path / "torpor" / "config.toml")}
     first = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
                            timeout=120)
     assert first.returncode == 0, first.stderr
@@ -358,6 +359,12 @@ def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin
     wanted = version == "2.2.7"
     assert ("enable_experimental_restore_via_create = true" in config.read_text()) is wanted
     assert (tmp_path / "installed").read_text().startswith("torpor ")
+    # a Kubernetes node restores only signed checkpoints (or its own) unless told otherwise
+    written = tomllib.loads((tmp_path / "torpor" / "config.toml").read_text())
+    assert written["restore"]["signatures"] == "required"
+    from torpor.config import Config
+
+    assert Config(written).restore_signatures == "required"
     text = config.read_text()
     again = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
                            timeout=120)

@@ -17,7 +17,8 @@
 # in), CONTAINERD_CONFIG (/etc/containerd/config.toml), CONTAINERD_ADDRESS
 # (/run/containerd/containerd.sock), PREFIX (/usr/local), TORPOR_RESTART (systemctl | none),
 # TORPOR_SKIP_INSTALL=1 (torpor already installed: steps 3-5 only), TORPOR_MARKER
-# (/var/lib/torpor/node-installed).
+# (/var/lib/torpor/node-installed), TORPOR_CONFIG (/etc/torpor/config.toml: written with
+# [restore] signatures = "required" where there is none).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -120,7 +121,19 @@ else
     esac
 fi
 
-# 5. done
+# 5. torpor's own config: a Kubernetes node restores only signed checkpoints (or its own); a
+#    config the operator wrote is left as it is
+TORPOR_CONFIG_FILE=${TORPOR_CONFIG:-/etc/torpor/config.toml}
+if [ ! -e "$TORPOR_CONFIG_FILE" ]; then
+    mkdir -p "$(dirname "$TORPOR_CONFIG_FILE")"
+    printf '# written by torpor-node-install: see docs/signing.md\n[restore]\nsignatures = "required"\ntrusted_keys = []\n' \
+        >"$TORPOR_CONFIG_FILE.tmp" && mv "$TORPOR_CONFIG_FILE.tmp" "$TORPOR_CONFIG_FILE"
+    log "wrote $TORPOR_CONFIG_FILE: [restore] signatures = \"required\" (add your keys to trusted_keys)"
+elif ! grep -q '^[[:space:]]*signatures[[:space:]]*=' "$TORPOR_CONFIG_FILE"; then
+    log "note: $TORPOR_CONFIG_FILE sets no [restore] signatures: unsigned checkpoints from other nodes restore here"
+fi
+
+# 6. done
 mkdir -p "$(dirname "$MARKER")"
 printf 'torpor %s, containerd %s, %s\n' "$("$TORPOR" --version | awk '{print $NF}')" \
     "$version" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$MARKER"
