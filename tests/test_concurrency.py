@@ -129,7 +129,11 @@ def test_two_containerds_with_the_same_names_keep_apart(world: World, node: Node
         for cli in clis.values():
             _, err = cli.communicate(timeout=120)
             assert cli.returncode == 0, err
-        restores = {label: start_torpor(n, "restore", str(tmp_path / label), "--name", "same-b")
+        # the checkpoint names no runc root a restore would use: the twin's user says it, as
+        # with ctr --runc-root
+        own_root = {"a": [], "twin": ["--runc-root", str(twin.root / "runc")]}
+        restores = {label: start_torpor(n, "restore", str(tmp_path / label), "--name", "same-b",
+                                        *own_root[label])
                     for label, n in pair.items()}
         for cli in restores.values():
             _, err = cli.communicate(timeout=120)

@@ -45,13 +45,16 @@ def parse_volume_map(values: tuple[str, ...]) -> tuple[dict[str, str], frozenset
               help="The task's stdout/stderr (file:///path, binary:///path); default a file "
               "under /var/log/torpor.")
 @click.option("--runtime-binary", metavar="PATH", help="torpor-runc on this node.")
+@click.option("--runc-root", metavar="PATH", default="",
+              help="runc's state root for the restored task, as ctr's --runc-root (default: "
+              "the runc shim's; a checkpoint's own is never used).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @registry_options
 @click.pass_obj
 def restore_command(g: Globals, source: str, name: str | None, netns: str | None,
                     add_addresses: bool, volumes: tuple[str, ...], allow_spec_hooks: bool,
                     decryption_keys: tuple[str, ...], log_uri: str | None,
-                    runtime_binary: str | None, as_json: bool, username: str | None,
+                    runtime_binary: str | None, runc_root: str, as_json: bool, username: str | None,
                     password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Restore a container from a checkpoint: a directory, an OCI layout, a kubelet checkpoint
     archive, a local image or an image in a registry (this node is checked before any layer is
@@ -64,7 +67,7 @@ def restore_command(g: Globals, source: str, name: str | None, netns: str | None
                              volumes=mapping, accept_mounts=accepted,
                              allow_spec_hooks=allow_spec_hooks,
                              decryption_keys=keys_from(decryption_keys), log_uri=log_uri,
-                             runtime_binary=runtime_binary,
+                             runtime_binary=runtime_binary, runc_root=runc_root,
                              registry=access_from(username, password_stdin, ca_file, insecure))
     with g.client() as client:
         result = restore(client, source, options, config.load(), g.progress(quiet=as_json))

@@ -100,6 +100,7 @@ class RestoreOptions:
     decryption_keys: tuple[DecryptionKey, ...] = ()
     log_uri: str | None = None            # the task's stdout/stderr (default: a file)
     runtime_binary: str | None = None     # torpor-runc on this node
+    runc_root: str = ""                   # runc's state root (default: the shim's own)
     registry: RegistryAccess = field(default_factory=RegistryAccess)
 
 
@@ -302,7 +303,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     spec = approved.spec
     runtime = RuntimeInfo(name=runc_runtime.RUNC_SHIM,
                           binary_name=options.runtime_binary or default_runtime_binary(),
-                          root="",  # the node's runc root: a checkpoint names no host path
+                          # the user's or the shim's runc root: a checkpoint names no host path
+                          root=options.runc_root,
                           systemd_cgroup=original.runtime.systemd_cgroup)
     work = os.path.join(cfg.runtime_state_dir, "restore-work",
                         f"{client.namespace}-{name}-{secrets.token_hex(16)}")
