@@ -188,6 +188,9 @@ def test_periodic_checkpoints_keep_the_newest_and_each_restores(
     out = json.loads(run_torpor(a, "prune", repository, "--keep", "1", "--registry",
                                 "--json").stdout)
     assert out["removed"] == [kept[0]] and out["registry_error"] is None
+    # one generation kept in each, though two tags name it (the moving tag is on its index)
+    assert (out["kept_generations"], len(out["kept"])) == (1, 2)
+    assert (out["registry_kept_generations"], len(out["registry_kept"])) == (1, 2)
     assert local_refs(a, repository) == sorted([f"{repository}:ck", kept[1]])
     assert registry_tags(registry, f"gen/{name}") == sorted(["ck", kept[1].rsplit(":", 1)[1]])
     run_torpor(a, "rm", f"{repository}:ck")

@@ -48,9 +48,11 @@ def prune_command(g: Globals, repository: str | None, keep: int | None,
             click.echo(f"{verb} {ref}")
         for ref in result.registry_removed:
             click.echo(f"{verb} {ref} from the registry")
-        click.echo(f"kept {len(result.kept)} local image(s)"
-                   + (f", {len(result.registry_kept)} tag(s) in the registry" if in_registry
-                      else ""))
+        # generations as --keep counts them (docs/generations.md), with their tags
+        click.echo(f"kept {result.kept_generations} local generation(s) "
+                   f"({len(result.kept)} tag(s))"
+                   + (f", {result.registry_kept_generations} generation(s) in the registry "
+                      f"({len(result.registry_kept)} tag(s))" if in_registry else ""))
     if result.registry_error:
         click.echo(f"torpor: error: {result.registry_error}", err=True)
         click.get_current_context().exit(1)

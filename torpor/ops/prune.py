@@ -51,13 +51,17 @@ class Retention:
             raise ConfigError(f"--keep {self.keep}: give 0 or more")
 
 
-@dataclass(frozen=True)
+@dataclass
 class PruneResult:
     removed: list[str] = field(default_factory=list)           # local references
     kept: list[str] = field(default_factory=list)
     registry_removed: list[str] = field(default_factory=list)  # repository@digest
     registry_kept: list[str] = field(default_factory=list)     # repository:tag
     registry_error: str | None = None
+    # generations (image indexes: the tags of one index are one generation), as counted by
+    # --keep; the lists above hold every reference
+    kept_generations: int = 0
+    registry_kept_generations: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -106,6 +110,7 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
     # 2. remove what is not kept
     for by_digest in groups.values():
         kept = set(chosen_to_keep(list(by_digest), lambda d: created[d], retention, now))
+        result.kept_generations += len(kept)
         for digest, refs in sorted(by_digest.items()):
             target = result.kept if digest in kept else result.removed
             target.extend(sorted(refs))
@@ -122,7 +127,8 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
                             progress)
         except RegistryError as e:
             return PruneResult(result.removed, result.kept, result.registry_removed,
-                               result.registry_kept, str(e))
+                               result.registry_kept, str(e), result.kept_generations,
+                               result.registry_kept_generations)
     return result
 
 
@@ -143,6 +149,7 @@ def _prune_registry(cfg: Config, repository: str, retention: Retention,
     name = f"{ref.registry}/{ref.repository}"
     result.registry_kept.extend(sorted(f"{name}:{i.tag}" for i in listed
                                        if i.digest in kept_digests))
+    result.registry_kept_generations += len(kept_digests)
     doomed = [d for d in by_digest if d not in kept_digests]
     if not doomed:
         return
