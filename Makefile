@@ -5,11 +5,15 @@ PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
 
-.PHONY: deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman bench-fuzz install protos clean
+.PHONY: deps demo-deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman bench-fuzz install protos clean
 
 # Everything the tests and the demo need: system packages, CRIU 4.2.1, the Python venv.
 deps:
 	@bash packaging/install-deps.sh
+
+# What the demo and a system-wide install need: system packages, CRIU, the venv (no test tools).
+demo-deps:
+	@bash packaging/install-deps.sh --demo
 
 # Only the Python environment (what `make unit` and `make lint` need).
 venv:
@@ -38,7 +42,7 @@ lint: venv
 	$(PY) -m mypy
 
 # A stateful container checkpointed on node A, pushed to a local registry, restored on node B.
-demo: deps
+demo: demo-deps
 	$(PY) -m bench.demo
 
 bench: bench-lifecycle bench-checkpoint bench-image bench-registry
@@ -62,9 +66,10 @@ bench-podman: deps
 bench-fuzz: deps
 	$(PY) -m bench.fuzz --cases $(or $(CASES),300) --seed $(or $(SEED),1)
 
-# System-wide: /opt/torpor venv, fast launchers in $(PREFIX)/bin, the containerd shim launcher.
-install: deps
-	bash packaging/install.sh
+# System-wide: /opt/torpor venv, fast launchers in $(PREFIX)/bin, the containerd shim launcher
+# (another PREFIX: all of it under PREFIX, the config in PREFIX/etc/torpor; packaging/install.sh).
+install: demo-deps
+	PREFIX=$(PREFIX) bash packaging/install.sh
 
 # Regenerate the containerd API stubs from torpor's own .proto files.
 protos:

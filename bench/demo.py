@@ -36,6 +36,7 @@ def show(command: list[str], node: Node) -> str:
 def make_node(w: World, name: str) -> Node:
     config = w.base / f"{name}.toml"
     config.write_text(f'[runtime]\nstate_dir = "{w.base}/{name}-state"\n'
+                      f'log_dir = "{w.base}/{name}-state-logs"\n'
                       f'[image]\nstore = "{w.base}/{name}-store"\n')
     return w.node(name, own_netns=True, config=config)
 

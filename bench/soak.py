@@ -150,7 +150,8 @@ def main() -> int:
     with world() as w:
         state_dir, store = w.base / "soak-state", w.base / "soak-store"
         config = w.base / "soak.toml"
-        config.write_text(f'[runtime]\nstate_dir = "{state_dir}"\n[image]\nstore = "{store}"\n')
+        config.write_text(f'[runtime]\nstate_dir = "{state_dir}"\n'
+                          f'log_dir = "{state_dir}-logs"\n[image]\nstore = "{store}"\n')
         node = w.node("soak", config=config)
         baseline: dict[str, int] = {}
         started = time.monotonic()

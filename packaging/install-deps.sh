@@ -3,6 +3,8 @@
 #
 #   packaging/install-deps.sh            system packages + CRIU >= 4.2 + the test tools + the venv
 #   packaging/install-deps.sh --system   system packages and CRIU only
+#   packaging/install-deps.sh --demo     system packages, CRIU and the venv: what `make demo`
+#                                        and `make install` need (no test tools, no Go)
 #   packaging/install-deps.sh --python   the Python venv only (make unit, make lint), with
 #                                        pycriu and crit when CRIU's source tarball is already here
 #
@@ -440,6 +442,11 @@ main() {
     apt_install "${RUNTIME_PKGS[@]}"
     install_criu
     [ "${1:-}" = "--system" ] && return 0
+    if [ "${1:-}" = "--demo" ]; then
+        install_venv
+        install_pycriu "$VENV"
+        return 0
+    fi
     apt_install "${TEST_PKGS[@]}"
     install_containerd2
     install_go_tools

@@ -41,6 +41,7 @@ def node_config(session_dir: Path, name: str) -> Path:
     """Each node its own torpor state and image store: machines, not one."""
     path = session_dir / f"node-{name}.toml"
     path.write_text(f'[runtime]\nstate_dir = "{session_dir}/{name}-state"\n'
+                    f'log_dir = "{session_dir}/{name}-state-logs"\n'
                     f'[image]\nstore = "{session_dir}/{name}-store"\n')
     return path
 

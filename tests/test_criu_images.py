@@ -52,7 +52,8 @@ def corpus(nodes: Nodes, session_dir: Path, test_image: dict[str, object]) -> It
     base = session_dir / "criu-images"
     base.mkdir()
     config = base / "node.toml"   # the default policy: nothing granted
-    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n[image]\nstore = "{base}/store"\n')
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n'
+                      f'log_dir = "{base}/state-logs"\n[image]\nstore = "{base}/store"\n')
     node = nodes.start("criu-images", config=config, containerd="2")
     canary = make_canary(base / "canary")
     node.ctr("run", "-d", *SHIM, str(test_image["name"]), "ck-images", "sh", "-c",

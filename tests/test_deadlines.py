@@ -66,6 +66,7 @@ def dnode(nodes: Nodes, session_dir: Path, hangs: Path, containerd_version: str,
     the session asks for (`pytest --containerd 2 --runc 1.3`)."""
     config = session_dir / "deadlines.toml"
     config.write_text(f'[runtime]\nstate_dir = "{session_dir}/deadlines-state"\n'
+                      f'log_dir = "{session_dir}/deadlines-state-logs"\n'
                       f'[image]\nstore = "{session_dir}/deadlines-store"\n'
                       f'[checkpoint]\ntimeout_s = {TIMEOUT_S}\n'
                       f'[restore]\ntimeout_s = {TIMEOUT_S}\n')

@@ -71,6 +71,7 @@ def enc_nodes(nodes: Nodes, session_dir: Path) -> tuple[Node, Node]:
     for name in ("enc-a", "enc-b"):
         config = session_dir / f"node-{name}.toml"
         config.write_text(f'[runtime]\nstate_dir = "{session_dir}/{name}-state"\n'
+                          f'log_dir = "{session_dir}/{name}-state-logs"\n'
                           f'[image]\nstore = "{session_dir}/{name}-store"\n')
         made.append(nodes.start(name, own_netns=True, config=config))
     return made[0], made[1]

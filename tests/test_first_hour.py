@@ -22,6 +22,7 @@ from .support.registry import Registry, docker_config
 from .support.workload import (
     COUNTER,
     containers,
+    exec_out,
     read_counter,
     task_pid,
     task_status,
@@ -38,7 +39,8 @@ def first_node(nodes: Nodes, session_dir: Path) -> Node:
     base = session_dir / "first-hour"
     base.mkdir()
     config = base / "node.toml"
-    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n[image]\nstore = "{base}/store"\n')
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n'
+                      f'log_dir = "{base}/state-logs"\n[image]\nstore = "{base}/store"\n')
     return nodes.start("first-hour", config=config)
 
 
@@ -237,7 +239,10 @@ def test_errors_name_the_input_and_the_fix(first_node: Node, registry: Registry,
             assert re.search(rf"^{what} +encrypted \(give --decryption-key", sealed, re.M), sealed
         opened = torpor(node, "inspect", str(layout), "--decryption-key", str(key)).stdout
         assert re.search(r"^mounts +/proc \(proc\)", opened, re.M), opened
-        assert "at checkpoint time" in opened
+        # a namespace runc made ended with its container: no /proc path of a dead process
+        network = next(line for line in opened.splitlines() if line.startswith("network"))
+        assert "its own namespace: a restore makes a new one" in network, network
+        assert "/proc/" not in network, network
         torpor(node, "rm", ref)
 
 
@@ -266,3 +271,53 @@ def test_rm_removes_the_image_a_restore_imported(first_node: Node, registry: Reg
         torpor(node, "rm", ref)
         assert ref in node.ctr("images", "ls", "-q").stdout.split()
         node.ctr("images", "rm", ref)
+
+
+def test_what_a_restore_makes_goes_with_its_container(first_node: Node, session_dir: Path,
+                                                      tmp_path: Path,
+                                                      test_image: dict[str, object]) -> None:
+    """What torpor made, it removes, and it is where the docs say: the /etc/hosts a restore
+    gives a container that had its engine's (torpor's own copy, in the state directory's
+    pod-files/) goes when that container is deleted with ctr (`torpor recover`, and the next
+    restore, sweep it) and stays while the container mounts it; a restore that fails leaves none;
+    the task's output is in `[runtime] log_dir`."""
+    node = first_node
+    base = session_dir / "first-hour"
+    files_root = base / "state" / "pod-files"
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.9.8.7 engine-made\n")
+    name, a, b = "own-files", "own-files-a", "own-files-b"
+
+    def made() -> list[str]:
+        return sorted(p.name for p in files_root.iterdir() if "-own-files-" in p.name) \
+            if files_root.is_dir() else []
+
+    with containers(node) as on_node:
+        on_node += [name, a, b]
+        node.ctr("run", "-d", *SHIM, "--mount",
+                 f"type=bind,src={hosts},dst=/etc/hosts,options=rbind:ro",
+                 str(test_image["name"]), name, "sh", "-c", COUNTER)
+        wait_counter_above(node, name, 2)
+        checkpoint = tmp_path / "ck"
+        torpor(node, "checkpoint", name, "-o", str(checkpoint), "--leave-running")
+        torpor(node, "restore", str(checkpoint), "--name", a)
+        torpor(node, "restore", str(checkpoint), "--name", b)
+        assert [m.split(f"{node.namespace}-")[1][:len(a)] for m in made()] == [a, b], made()
+        assert "localhost" in exec_out(node, b, "cat", "/etc/hosts")
+        assert (base / "state-logs" / f"{node.namespace}-{a}.log").is_file()
+        # a restore that fails once its files are made (the task's logger cannot start)
+        failed = torpor(node, "restore", str(checkpoint), "--name", "own-files-c",
+                        "--log-uri", f"binary://{tmp_path}/no-such-logger", check=False)
+        assert failed.returncode != 0
+        assert len(made()) == 2, made()
+        # a deleted with ctr: its files go at the next sweep; b's stay, and b runs on
+        node.ctr("tasks", "delete", "--force", a)
+        node.ctr("containers", "delete", a)
+        out = torpor(node, "recover").stdout
+        assert "sandbox files of a restored container that is gone" in out, out
+        assert len(made()) == 1 and f"-{b}-" in made()[0], made()
+        assert "localhost" in exec_out(node, b, "cat", "/etc/hosts")
+        count = read_counter(node, b)
+        wait_counter_above(node, b, count)
+    torpor(node, "recover")   # b deleted too (containers()): the sweep takes its files
+    assert made() == [], made()

@@ -37,6 +37,7 @@ MEMORY_MIB = 64
 def node_config(session_dir: Path, name: str) -> Path:
     path = session_dir / f"node-{name}.toml"
     path.write_text(f'[runtime]\nstate_dir = "{session_dir}/{name}-state"\n'
+                    f'log_dir = "{session_dir}/{name}-state-logs"\n'
                     f'[image]\nstore = "{session_dir}/{name}-store"\n')
     return path
 
@@ -83,6 +84,10 @@ def test_a_next_generation_stores_and_sends_what_changed(
         sent = [first["pushed"]["bytes_uploaded"], second["pushed"]["bytes_uploaded"]]
         assert sent[1] <= 0.05 * sent[0], sent
         assert second["new_bytes"] <= 0.05 * first["new_bytes"]
+        # one measure (docs/generations.md): the new part of a generation is part of what it
+        # stores, and a first generation's new bytes are all it stores
+        assert first["new_bytes"] == first["compressed_bytes"], first
+        assert 0 < second["new_bytes"] < second["compressed_bytes"], second
         # 10% of the memory rewritten in one region
         a.ctr("tasks", "kill", "--signal", "SIGUSR2", name)
         wait_for(lambda: "rewrites 1" in exec_out(a, name, "sh", "-c",
@@ -95,6 +100,7 @@ def test_a_next_generation_stores_and_sends_what_changed(
         assert 0.05 * sent[0] < sent[2] <= 0.2 * sent[0], sent
         # the estimates against what was stored (bench/generations.py has the exact figures)
         info1 = json.loads(run_torpor(a, "inspect", refs[0], "--json").stdout)["generation"]
+        assert info1["stored_bytes"] == first["compressed_bytes"], (info1, first)
         assert within(estimate1["full_bytes"], info1["stored_bytes"], 0.25), \
             (estimate1, info1)
         info3 = json.loads(run_torpor(a, "inspect", refs[2], "--json").stdout)["generation"]
@@ -150,6 +156,10 @@ def test_periodic_checkpoints_keep_the_newest_and_each_restores(
               f"kvserver 7000 & {COUNTER}")
         wait_kv(a, name)
         assert kv_ask(a, name, "SET kept yes") == "OK"
+        # a checkpoint the user made under the series' name before (as `make demo` does): one
+        # of its generations for --keep, the oldest, so the first to go
+        run_torpor(a, "checkpoint", name, "-t", f"{repository}:ck-1", "--push",
+                   "--leave-running")
         series = periodic(a, name, "-t", f"{repository}:ck", "--every", "2s", "--keep", "2",
                           "--push")
         rounds: list[dict] = []  # type: ignore[type-arg]
@@ -160,6 +170,8 @@ def test_periodic_checkpoints_keep_the_newest_and_each_restores(
                 assert line, series.stderr.read() if series.stderr else ""
                 rounds.append(json.loads(line))
                 assert rounds[-1]["error"] is None, rounds[-1]
+                made = rounds[-1]["result"]
+                assert made["new_bytes"] <= made["compressed_bytes"], made
             series.send_signal(signal.SIGTERM)
             assert series.wait(timeout=120) == 0
         finally:

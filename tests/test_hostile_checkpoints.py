@@ -70,7 +70,8 @@ def corpus(nodes: Nodes, session_dir: Path, test_image: dict[str, object],
     base = session_dir / "hostile"
     base.mkdir()
     config = base / "node.toml"   # the default policy: nothing granted
-    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n[image]\nstore = "{base}/store"\n')
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n'
+                      f'log_dir = "{base}/state-logs"\n[image]\nstore = "{base}/store"\n')
     node = nodes.start("hostile", config=config)
     canary = make_canary(base / "canary")
     volume = base / "volume"

@@ -48,6 +48,7 @@ def fnode(nodes: Nodes, session_dir: Path, containerd_version: str, runc_version
     the versions the session asks for (`pytest --containerd 2 --runc 1.3`)."""
     config = session_dir / "faults.toml"
     config.write_text(f'[runtime]\nstate_dir = "{session_dir}/faults-state"\n'
+                      f'log_dir = "{session_dir}/faults-state-logs"\n'
                       f'[image]\nstore = "{session_dir}/faults-store"\n')
     return nodes.start("faults", config=config, containerd=containerd_version, runc=runc_version)
 

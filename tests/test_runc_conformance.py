@@ -25,7 +25,8 @@ def both(torpor_bin: Path, tmp_path: Path, *args: str) -> dict[str, tuple[int, b
     runc = shutil.which("runc", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
     assert runc is not None
     config = tmp_path / "torpor.toml"
-    config.write_text(f'[runtime]\npath = "{runc}"\nstate_dir = "{tmp_path}/state"\n')
+    config.write_text(f'[runtime]\npath = "{runc}"\nstate_dir = "{tmp_path}/state"\n'
+                      f'log_dir = "{tmp_path}/state-logs"\n')
     out = {}
     for label, binary in (("runc", runc), ("torpor-runc", str(torpor_bin / "torpor-runc"))):
         log = tmp_path / f"{label}.log"

@@ -35,7 +35,7 @@ def bundle(tmp_path: Path) -> Path:
 
 def runtime(torpor_bin: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     config = tmp_path / "torpor.toml"
-    config.write_text(f'[runtime]\nstate_dir = "{tmp_path}/state"\n'
+    config.write_text(f'[runtime]\nstate_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/state-logs"\n'
                       f'[image]\nstore = "{tmp_path}/store"\n')
     env = {**os.environ, "TORPOR_CONFIG": str(config)}
     return [str(torpor_bin / "torpor-runc"), "--root", str(tmp_path / "runc-root")], env

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.real
 def test_features_is_runcs_own_answer(torpor_bin: Path, tmp_path: Path, version: str) -> None:
     runc = str(ecosystem.runc_path(version) or "/usr/sbin/runc")
     config = tmp_path / "torpor.toml"
-    config.write_text(f'[runtime]\npath = "{runc}"\nstate_dir = "{tmp_path}/state"\n')
+    config.write_text(f'[runtime]\npath = "{runc}"\nstate_dir = "{tmp_path}/state"\n'
+                      f'log_dir = "{tmp_path}/state-logs"\n')
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TORPOR_CONFIG": str(config)}
     direct = subprocess.run([runc, "features"], capture_output=True, env=env, timeout=30)
     through = subprocess.run([str(torpor_bin / "torpor-runc"), "features"], capture_output=True,

@@ -71,6 +71,7 @@ class SigningNodes:
 
     def configure(self, name: str, restore: str = "", image: str = "") -> None:
         self.config(name).write_text(f'[runtime]\nstate_dir = "{self.dir}/{name}-state"\n'
+                                     f'log_dir = "{self.dir}/{name}-state-logs"\n'
                                      f'[image]\nstore = "{self.store(name)}"\n{image}'
                                      f"[restore]\n{restore}")
 

@@ -25,6 +25,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "path": (str, "runc", "the low-level OCI runtime: a name on PATH or an absolute path"),
         "state_dir": (str, "/run/torpor", "per-container records torpor-runc keeps"),
         "hook_path": (str, "", "torpor-hook to write into specs; default: beside torpor-runc"),
+        "log_dir": (str, "/var/log/torpor", "restored tasks' stdout and stderr, "
+                    "<namespace>-<name>.log (torpor restore without --log-uri)"),
     },
     "checkpoint": {
         "volumes": ((str, list), "all",
@@ -133,6 +135,7 @@ class Config:
         "restore_timeout_s",
         "restore_trusted_keys",
         "runtime_hook_path",
+        "runtime_log_dir",
         "runtime_path",
         "runtime_state_dir",
     )
@@ -140,6 +143,7 @@ class Config:
     runtime_path: str
     runtime_state_dir: str
     runtime_hook_path: str
+    runtime_log_dir: str
     checkpoint_volumes: str | list[str]
     checkpoint_dev_shm: bool
     checkpoint_rootfs: bool

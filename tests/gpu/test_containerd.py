@@ -184,7 +184,7 @@ def gpu_node(nodes: object, session_dir: Path, fake_libs: FakeLibs,
     fake.configure(gpus)
     state_dir = session_dir / "gpu-torpor-state"
     config = session_dir / "gpu-torpor.toml"
-    config.write_text(f'[runtime]\nstate_dir = "{state_dir}"\n\n[gpu]\n'
+    config.write_text(f'[runtime]\nstate_dir = "{state_dir}"\nlog_dir = "{state_dir}-logs"\n\n[gpu]\n'
                       f'cuda_library = "{fake_libs.cuda}"\nnvml_library = "{fake_libs.nvml}"\n'
                       f"lock_timeout_ms = {LOCK_TIMEOUT_MS}\n"
                       f"driver_timeout_s = {DRIVER_TIMEOUT_S}\n")

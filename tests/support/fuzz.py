@@ -75,7 +75,8 @@ def node_config(base: Path) -> Path:
     """The default policy: nothing granted; the node's own state dir and image store."""
     base.mkdir(parents=True, exist_ok=True)
     config = base / "node.toml"
-    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n[image]\nstore = "{base}/store"\n')
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\n'
+                      f'log_dir = "{base}/state-logs"\n[image]\nstore = "{base}/store"\n')
     return config
 
 

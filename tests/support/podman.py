@@ -49,6 +49,7 @@ class Podman:
     def set_policy(self, policy: str) -> None:
         """This node's torpor config: its own state and store, then `policy` (TOML)."""
         self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n'
+                               f'log_dir = "{self.state_dir}-logs"\n'
                                f'[image]\nstore = "{self.root / "store"}"\n{policy}')
 
     def _point_runtime(self) -> None:

@@ -34,6 +34,7 @@ class World:
         self.volumes.mkdir(mode=0o700)
         self.store = base / "store"  # the world's own image store, not the node's
         self.config.write_text(f'[runtime]\nstate_dir = "{self.state_dir}"\n'
+                               f'log_dir = "{self.state_dir}-logs"\n'
                                f'[restore]\nmount_sources = ["{self.volumes}"]\n'
                                f'[image]\nstore = "{self.store}"\n')
         out = base / "workloads"

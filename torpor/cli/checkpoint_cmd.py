@@ -118,7 +118,7 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
     added = (f" ({human_size(result.new_bytes)} new on top of {result.previous})"
              if result.previous else "")
     click.echo(f"checkpointed {container}: {where}; {human_size(result.raw_bytes)} of state in "
-               f"{human_size(result.compressed_bytes)} of layers{added}, "
+               f"{human_size(result.compressed_bytes)} stored{added}, "
                f"{result.timings['total_s']:.2f}s{stopped}")
 
 

@@ -71,7 +71,8 @@ def render(report: InspectReport) -> str:
         network = state.network
         lines.append("network      " + (", ".join(
             f"{a.address}/{a.prefixlen} ({a.ifname})" for a in network.config.addresses) or "-")
-            + (f"  (the namespace was {network.netns_path} at checkpoint time)"
+            + ("  (its own namespace: a restore makes a new one)" if network.created_by_runtime
+               else f"  (it joined {network.netns_path}: a restore needs --netns)"
                if network.netns_path else ""))
         listening = [f"{s.proto} {s.address}:{s.port} {s.state}" for s in network.sockets]
         if listening:

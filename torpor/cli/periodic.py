@@ -39,7 +39,7 @@ def periodic(g: Globals, container: str, request: CheckpointRequest, target: Che
         if pruned and pruned.registry_error:
             gone += f"; registry: {pruned.registry_error}"
         click.echo(f"{when} {outcome.ref}: {human_size(result.new_bytes)} new of "
-                   f"{human_size(result.compressed_bytes)}{sent} in {outcome.seconds:.1f}s"
+                   f"{human_size(result.compressed_bytes)} stored{sent} in {outcome.seconds:.1f}s"
                    f"{gone}")
 
     with g.client() as client, Stop().on_signals() as stop:

@@ -43,7 +43,7 @@ def parse_volume_map(values: tuple[str, ...]) -> tuple[dict[str, str], frozenset
 @decryption_key_option
 @click.option("--log-uri", metavar="URI",
               help="The task's stdout/stderr (file:///path, binary:///path); default a file "
-              "under /var/log/torpor.")
+              "under [runtime] log_dir, /var/log/torpor by default.")
 @click.option("--runtime-binary", metavar="PATH", help="torpor-runc on this node.")
 @click.option("--runc-root", metavar="PATH", default="",
               help="runc's state root for the restored task, as ctr's --runc-root (default: "

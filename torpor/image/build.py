@@ -61,7 +61,7 @@ class BuiltImage:
     runnable: Descriptor
     state: Descriptor
     raw_bytes: int         # the checkpoint's files, uncompressed
-    compressed_bytes: int  # the state layers and the read-write layer (base layers not counted)
+    compressed_bytes: int  # its own blobs: configs, state layers, read-write layer (not the base's)
     seconds: float
     new_bytes: int = 0     # blobs the previous generation did not have (what a push sends)
     chunks: GenerationStats | None = None
@@ -333,8 +333,10 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         if diff_layer is not None:
             ours_now.append(Descriptor(mt.OCI_LAYER_ZSTD, diff_layer.digest, diff_layer.size))
         held = previous.blobs if previous else frozenset()
-        new_bytes = sum(d.size for d in {d.digest: d for d in ours_now}.values()
-                        if d.digest not in held and d.digest not in base_digests)
+        own = [d for d in {d.digest: d for d in ours_now}.values()
+               if d.digest not in base_digests]
+        own_bytes = sum(d.size for d in own)
+        new_bytes = sum(d.size for d in own if d.digest not in held)
         generation_notes = {ann.NEW_BYTES: str(new_bytes),
                             ann.CHUNKS_NEW_BYTES: str(generation.stats.new_pack_bytes)}
         if previous is not None:
@@ -355,7 +357,6 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    compressed = sum(d.size for d in state_layers) + (diff_layer.size if diff_layer else 0)
     return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
-                      compressed, time.monotonic() - started, new_bytes, generation.stats,
+                      own_bytes, time.monotonic() - started, new_bytes, generation.stats,
                       previous.ref if previous else None, index_layer.digest)

@@ -43,7 +43,7 @@ class RewrittenImage:
     index: Descriptor
     runnable: Descriptor
     state: Descriptor
-    layer_bytes: int      # the state layers and the runnable image's own layers
+    layer_bytes: int      # its own blobs: the two configs, the state layers, the read-write layer
 
 
 def encrypt_layout(layout_dir: str, recipients: Sequence[Recipient], ref_name: str | None = None,
@@ -174,8 +174,9 @@ def _rewrite(layout: Layout, image: unpack.CheckpointImage, ref_name: str | None
                 Descriptor.from_json(image.state_manifest["config"], "config")):
         if old.digest not in kept:
             layout.blob_path(old.digest).unlink(missing_ok=True)
+    configs = int(state_doc["config"]["size"]) + int(runnable_doc["config"]["size"])
     return RewrittenImage(index, runnable, state,
-                          sum(d.size for d in (*new_state_layers, *new_own)))
+                          configs + sum(d.size for d in (*new_state_layers, *new_own)))
 
 
 def _read_doc(layout: Layout, descriptor: Descriptor) -> OciDocument:

@@ -126,6 +126,17 @@ class CheckpointImage:
         return self.runnable_blobs[1 + base:]
 
     @property
+    def own_blobs(self) -> list[Descriptor]:
+        """The blobs this checkpoint adds to its base image: the state manifest's config and
+        layers, the runnable config and the read-write layer (what "stores" counts,
+        docs/generations.md)."""
+        config = Descriptor.from_json(self.state_manifest["config"], "state config")
+        runnable = self.runnable_blobs
+        unique = {d.digest: d for d in (config, *self.state_layers, runnable[0],
+                                        *self.own_layers)}
+        return list(unique.values())
+
+    @property
     def encrypted(self) -> bool:
         return any(ocicrypt.is_encrypted(d.media_type)
                    for d in (*self.state_layers, *self.runnable_blobs))

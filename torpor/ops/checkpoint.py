@@ -104,7 +104,7 @@ class CheckpointResult:
     layout: str | None = None         # where the image's OCI layout is
     digest: str | None = None         # the image index's digest
     raw_bytes: int = 0                # the checkpoint's files, uncompressed
-    compressed_bytes: int = 0         # the image's new layers
+    compressed_bytes: int = 0         # what the image stores (docs/generations.md)
     pushed: PushSummary | None = None
     new_bytes: int = 0                # blobs the previous generation did not have
     previous: str | None = None       # the local image it was built on

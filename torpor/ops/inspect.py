@@ -103,7 +103,10 @@ class InspectReport:
                 "addresses": [f"{a.address}/{a.prefixlen} ({a.ifname})"
                               for a in network.config.addresses],
                 "sockets": [s.__dict__ for s in network.sockets],
-                "netns_path": network.netns_path},
+                # a namespace runc made lived and ended with the container (its path was its
+                # init's /proc/PID/ns/net): only a joined one is still a place
+                "netns_path": "" if network.created_by_runtime else network.netns_path,
+                "own_namespace": network.created_by_runtime},
             "mounts": [{k: mount.get(k) for k in ("destination", "type", "source")}
                        for mount in m.container.spec.get("mounts") or []],
             "files": m.state.files.to_json(),
@@ -126,8 +129,8 @@ class Generation:
     """An image as one generation of a chain: what it stores, what it added to the generation
     it was built on, and the estimate `torpor estimate` made before it (docs/format.md)."""
 
-    stored_bytes: int                 # its state layers and read-write layer, all of them
-    new_bytes: int | None             # the blobs its previous generation did not have
+    stored_bytes: int                 # its own blobs (configs, state layers, read-write layer)
+    new_bytes: int | None             # of those, the ones its previous generation did not have
     memory_new_bytes: int | None      # of which new packs
     previous: str | None              # the previous generation's image index digest
     estimate_full_bytes: int | None
@@ -144,9 +147,7 @@ def _number(annotations: dict[str, str], key: str) -> int | None:
 
 def generation_of(image: unpack.CheckpointImage) -> Generation:
     notes = image.state_manifest.get("annotations") or {}
-    stored = sum(d.size for d in (*image.state_layers, *image.runnable_blobs[1:])
-                 if d.digest not in {b.digest for b in image.metadata.image.layers}) \
-        if image.metadata.image else sum(d.size for d in image.state_layers)
+    stored = sum(d.size for d in image.own_blobs)
     return Generation(stored, _number(notes, ann.NEW_BYTES), _number(notes, ann.CHUNKS_NEW_BYTES),
                       notes.get(ann.PREVIOUS), _number(notes, ann.ESTIMATE_FULL),
                       _number(notes, ann.ESTIMATE_NEW), notes.get(ann.ESTIMATE_AT))

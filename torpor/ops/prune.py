@@ -5,8 +5,9 @@ A generation is one image index: the tags on the same index (a generation's own 
 moving `latest`) are one generation. Generations are grouped by repository and ordered by
 their creation time (the index's org.opencontainers.image.created). Kept, per repository: the
 newest N (--keep), and every generation newer than D (--older-than); with --older-than alone
-the newest is kept too. `tags` narrows what is looked at to the tags it matches (a periodic
-series' own tags), so other images of the repository are never touched.
+the newest is kept too. `tags` and `container` narrow what is looked at to the tags they match
+and that container's checkpoints (a periodic series' generations, ops/schedule.py), so other
+images of the repository are never touched.
 
 Steps: 1. the local store's images, grouped and sorted; 2. remove the generations not kept
 (their store entries: a pack blob lives on while a kept generation's layout links it);
@@ -87,7 +88,8 @@ def chosen_to_keep(generations: Sequence[T], created: Callable[[T], str], retent
 
 
 def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
-          tags: re.Pattern[str] | None = None, registry: bool = False,
+          tags: re.Pattern[str] | None = None, container: str | None = None,
+          registry: bool = False,
           access: RegistryAccess = NO_CREDENTIALS, dry_run: bool = False,
           progress: Progress = SILENT) -> PruneResult:
     now = time.time()
@@ -103,6 +105,8 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
         if wanted and where != wanted:
             continue
         if tags is not None and not tags.fullmatch(parse_reference(image.ref).tag or ""):
+            continue
+        if container is not None and image.container != container:
             continue
         groups.setdefault(where, {}).setdefault(image.index_digest, []).append(image.ref)
         created[image.index_digest] = max(created.get(image.index_digest, ""), image.created)
@@ -123,8 +127,8 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
         if not repository:
             raise ConfigError("--registry needs the repository to prune (torpor prune REPO)")
         try:
-            _prune_registry(cfg, repository, retention, tags, access, dry_run, now, result,
-                            progress)
+            _prune_registry(cfg, repository, retention, tags, container, access, dry_run, now,
+                            result, progress)
         except RegistryError as e:
             return PruneResult(result.removed, result.kept, result.registry_removed,
                                result.registry_kept, str(e), result.kept_generations,
@@ -133,19 +137,26 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
 
 
 def _prune_registry(cfg: Config, repository: str, retention: Retention,
-                    tags: re.Pattern[str] | None, access: RegistryAccess, dry_run: bool,
+                    tags: re.Pattern[str] | None, container: str | None,
+                    access: RegistryAccess, dry_run: bool,
                     now: float, result: PruneResult, progress: Progress) -> None:
     options = registry_options(cfg, repository, access)
     ref = parse_reference(repository)
     progress.step(f"listing the tags of {ref.registry}/{ref.repository}")
-    listed = [i for i in list_images(ref, options)  # torpor's checkpoints only, never others
+    every = list_images(ref, options)
+    listed = [i for i in every  # torpor's checkpoints only, never others
               if i.annotations.get(ann.FORMAT) == names.CHECKPOINT_FORMAT
-              and (tags is None or tags.fullmatch(i.tag))]
+              and (tags is None or tags.fullmatch(i.tag))
+              and (container is None or i.annotations.get(ann.CONTAINER) == container)]
     by_digest: dict[str, list[TaggedImage]] = {}
     for image in listed:
         by_digest.setdefault(image.digest, []).append(image)
     kept_digests = set(chosen_to_keep(list(by_digest), lambda d: by_digest[d][0].created,
                                       retention, now))
+    # deleting a manifest deletes every tag on it: one a tag outside the selection names stays
+    selected = {i.tag for i in listed}
+    named_elsewhere = {i.digest for i in every if i.digest in by_digest and i.tag not in selected}
+    kept_digests |= named_elsewhere
     name = f"{ref.registry}/{ref.repository}"
     result.registry_kept.extend(sorted(f"{name}:{i.tag}" for i in listed
                                        if i.digest in kept_digests))

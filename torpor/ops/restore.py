@@ -58,7 +58,7 @@ from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError
+from torpor.errors import AlreadyExists, ConfigError, ContainerdError, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
@@ -76,7 +76,7 @@ from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
 from torpor.node import compat
 from torpor.node import runtime as runtime_tools
-from torpor.ops import generation, kube
+from torpor.ops import generation, kube, own_files
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
     SourceKind,
@@ -127,7 +127,7 @@ class ApprovedSpec:
 
 
 def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
-            namespace: str) -> ApprovedSpec:
+            namespace: str, claims: own_files.Claims) -> ApprovedSpec:
     """Step 3: the checkpoint's spec for this restore, as it will be created, checked against
     the node's policy. A Kubernetes pod's container restored on its own first gets namespaces,
     sandbox files and /dev/shm of its own, any other container its engine's /etc/hosts,
@@ -138,14 +138,15 @@ def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
     names.check_identifier(namespace, "the containerd namespace")
     spec = rewrite_spec(metadata.container.spec, metadata.container.id, name, options)
     # one directory per restore: a container of the same name may be using its own
-    own_files = os.path.join(cfg.runtime_state_dir, "pod-files",
-                             f"{namespace}-{name}-{secrets.token_hex(8)}")
+    files = os.path.join(own_files.root(cfg), f"{namespace}-{name}-{secrets.token_hex(8)}")
     if pod.in_pod(spec):
-        spec = pod.standalone(spec, own_files, network_given=bool(options.netns))
+        spec = pod.standalone(spec, files, network_given=bool(options.netns))
     else:  # the engine's own files (nerdctl's /etc/hosts...) become torpor's
-        spec = pod.own_engine_files(spec, own_files, frozenset(options.volumes))
-    if not os.path.isdir(own_files):
-        own_files = ""
+        spec = pod.own_engine_files(spec, files, frozenset(options.volumes))
+    if os.path.isdir(files):   # the restore's, removed if it fails, swept once unmounted
+        claims.claim(files, namespace, name)
+    else:
+        files = ""
     policy = restore_policy.RestorePolicy.of(cfg)
     user_annotations = frozenset({ann.RESTORE_ADD_ADDRESSES} if options.add_addresses else ())
     restore_policy.admit_annotations(spec, policy, keep=user_annotations)
@@ -153,18 +154,21 @@ def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
     grants = restore_policy.UserGrants(
         spec_hooks=options.allow_spec_hooks,
         mounts=frozenset(options.volumes) | options.accept_mounts, netns=options.netns,
-        own_sources=(own_files,) if own_files else (), annotations=user_annotations)
-    try:
-        restore_policy.check(requests, policy, grants)
-    except BaseException:
-        if own_files:
-            shutil.rmtree(own_files, ignore_errors=True)
-        raise
-    return ApprovedSpec(spec, requests, own_files)
+        own_sources=(files,) if files else (), annotations=user_annotations)
+    restore_policy.check(requests, policy, grants)
+    return ApprovedSpec(spec, requests, files)
 
 
 def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             progress: Progress = SILENT) -> RestoreResult:
+    with contextlib.suppress(OSError):   # earlier restores' files whose container is gone
+        own_files.sweep(client, cfg)
+    with own_files.claims() as claims:   # what this one makes goes if it fails
+        return _restore(client, source, options, cfg, progress, claims)
+
+
+def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
+             progress: Progress, claims: own_files.Claims) -> RestoreResult:
     started = time.monotonic()
     timings: dict[str, float] = {}
     store = Store(cfg.image_store)
@@ -180,7 +184,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         name_free(client, options.name or metadata.container.id)
         compat.check(metadata, cfg, this_node(client, options))
-        approved = approve(metadata, options, cfg, client.namespace)
+        approved = approve(metadata, options, cfg, client.namespace, claims)
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
                                   cfg, progress, started, source, timings)
     if kind is SourceKind.KUBE_ARCHIVE:
@@ -191,7 +195,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 metadata = kube.to_directory(client, kube_archive.read(source), directory,
                                              progress)
             name_free(client, options.name or metadata.container.id)
-            approved = approve(metadata, options, cfg, client.namespace)
+            approved = approve(metadata, options, cfg, client.namespace, claims)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
                                       progress, started, source, timings)
 
@@ -218,7 +222,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                     plan.download(metadata_layout, wanted)
                 metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
                                                 limits)
-                approved = approve(metadata, options, cfg, client.namespace)
+                approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
                 with store.staging(source) as staged:  # the previous copy stays till it is whole
                     held = generation.hold_for_pull(plan, store, scratch / "held")
@@ -239,7 +243,7 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
-            approved = approve(metadata, options, cfg, client.namespace)
+            approved = approve(metadata, options, cfg, client.namespace, claims)
         name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
                       f"{image.index.digest.split(':')[1][:12]}"
         # 5. the CRIU images into scratch, the runnable image into containerd
@@ -292,8 +296,6 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     name = options.name or original.id
     try:
         client.get_container(name)
-        if approved.own_files:
-            shutil.rmtree(approved.own_files, ignore_errors=True)
         raise AlreadyExists(f"container {name} already exists",
                             hint="restore under another --name, or delete it first")
     except NotFound:
@@ -310,8 +312,6 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
                         f"{client.namespace}-{name}-{secrets.token_hex(16)}")
     log_uri = options.log_uri or _default_log_uri(cfg, client.namespace, name)
     with contextlib.ExitStack() as undo, client.lease():
-        if approved.own_files:  # the sandbox files torpor made for it (approve)
-            undo.callback(shutil.rmtree, approved.own_files, True)
         # CRIU's images against the spec, before anything is created
         progress.step("checking the CRIU images")
         t = time.monotonic()
@@ -514,9 +514,10 @@ def default_runtime_binary() -> str:
 
 
 def _default_log_uri(cfg: Config, namespace: str, name: str) -> str:
-    directory = os.path.join(os.path.dirname(cfg.runtime_state_dir.rstrip("/")) or "/",
-                             "torpor-logs") if cfg.runtime_state_dir != "/run/torpor" \
-        else "/var/log/torpor"
+    directory = cfg.runtime_log_dir
+    if not os.path.isabs(directory):
+        raise ConfigError(f"[runtime] log_dir = {directory!r} in {cfg.path or 'the config'}: "
+                          "give an absolute path", hint="or give the task's --log-uri")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     return f"file://{directory}/{namespace}-{name}.log"
 

@@ -9,9 +9,11 @@ names the newest one. Each round, in order:
     it stores and sends only what changed;
  2. move the moving tag to it: in the local store (a second entry linking the same blobs) and,
     with --push, in the registry (the same manifests under that tag);
- 3. retention (--keep, --older-than, ops/prune.py), over the series' own generation tags only:
-    the local store, and the registry with --push (a registry that refuses deletes is reported
-    once per round; nothing else is affected);
+ 3. retention (--keep, --older-than, ops/prune.py), over the series' generations: this
+    container's checkpoints in the repository tagged T-anything (its own T-STAMP tags and the
+    user's T-1), or tagged STAMP when REF has none; never the moving tag, another tag or another
+    container's: the local store, and the registry with --push (a registry that refuses deletes
+    is reported once per round; nothing else is affected);
  4. wait for the next round: rounds start `every` apart; one that overran starts the next now.
 SIGTERM or SIGINT between rounds ends the series at once; during a round, the round completes
 first (the container is never left half-checkpointed), then it ends; a second signal aborts
@@ -84,7 +86,9 @@ class Series:
 
     @property
     def pattern(self) -> re.Pattern[str]:
-        return re.compile(f"{re.escape(self.tag)}-{STAMP_PATTERN}" if self.tag else STAMP_PATTERN)
+        """The tags of the series' generations: T-anything (its own T-STAMP ones and those the
+        user made under its name, such as T-1), only STAMP when REF has no tag."""
+        return re.compile(f"{re.escape(self.tag)}-.+" if self.tag else STAMP_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,8 @@ def _round(client: Client, container_id: str, request: CheckpointRequest,
         pruned = None
         if schedule.retention is not None:
             pruned = prune(cfg, schedule.retention, series.moving, tags=series.pattern,
-                           registry=target.push, access=target.registry, progress=progress)
+                           container=container_id, registry=target.push,
+                           access=target.registry, progress=progress)
     except TorporError as e:
         return Round(number, ref, started, time.monotonic() - t0, error=str(e))
     return Round(number, ref, started, time.monotonic() - t0, result, pruned)

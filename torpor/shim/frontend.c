@@ -41,7 +41,9 @@
 
 #define MARKER "TORPOR_RUNC_LOWLEVEL"  /* set for runc: seeing it means runc led back here */
 #define SELF_ENV "TORPOR_RUNC_PATH"    /* tells the Python program where torpor-runc is */
+#ifndef DEFAULT_CONFIG  /* a prefix install's own (packaging/install.sh) */
 #define DEFAULT_CONFIG "/etc/torpor/config.toml"
+#endif
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 static const char *const INTERCEPTED[] = {"checkpoint", "restore", NULL};
