@@ -22,6 +22,8 @@ log() { printf 'install: %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root"; exit 1; }
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 log "installing torpor into $VENV"
+# a fresh venv's pip and setuptools are Debian's: too old to build torpor (no bdist_wheel)
+"$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
 "$VENV/bin/python" -m pip install -q --upgrade "$TOP"
 # CRIU's own image definitions (pycriu) and crit, as install-deps.sh built them
 PYCRIU=${TORPOR_BUILD_DIR:-/var/cache/torpor-build}/pycriu-4.2.1
