@@ -95,6 +95,16 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
 }
 
 
+# keys whose values name files or directories on the node: absolute (a relative one would mean a
+# different place for each caller's working directory); "" where "" means "none" or "default"
+_ABSOLUTE_PATHS = (
+    ("runtime", "state_dir"), ("runtime", "hook_path"), ("runtime", "log_dir"),
+    ("image", "store"), ("image", "signing_key"), ("restore", "hooks"),
+    ("restore", "mount_sources"), ("restore", "trusted_keys"), ("registry", "docker_config"),
+    ("registry", "ca_file"),
+)
+
+
 class Config:
     """Typed view of the configuration file; attribute names are `<table>_<key>`."""
 
@@ -201,6 +211,13 @@ class Config:
         unknown_tables = sorted(set(values) - set(_SCHEMA))
         if unknown_tables:
             raise ConfigError(f"{path}: unknown table(s): {', '.join(unknown_tables)}")
+        for table, key in _ABSOLUTE_PATHS:
+            value = getattr(self, f"{table}_{key}")
+            for item in value if isinstance(value, list) else [value]:
+                if not isinstance(item, str) or (item and not os.path.isabs(item)):
+                    raise ConfigError(f"{path or 'the configuration'}: [{table}] {key} = "
+                                      f"{item!r} is not an absolute path",
+                                      hint="give the full path, starting with /")
 
 
 def config_path() -> tuple[str, bool]:

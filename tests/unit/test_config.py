@@ -60,3 +60,18 @@ def test_the_fast_path_reads_the_runtime_path() -> None:
 def test_the_docs_show_the_rendered_defaults() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "containerd.md").read_text()
     assert config.render_defaults().rstrip() in docs
+
+
+@pytest.mark.parametrize("table, key", config._ABSOLUTE_PATHS)
+def test_every_path_on_the_node_is_absolute_when_loaded(table: str, key: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused when the file is read, before any command does anything (a relative log_dir
+    was refused only once a restore had downloaded and unpacked its checkpoint)."""
+    value = '["logs"]' if isinstance(config._SCHEMA[table][key][1], list) else '"logs"'
+    path = tmp_path / "config.toml"
+    path.write_text(f"[{table}]\n{key} = {value}\n")
+    monkeypatch.setenv("TORPOR_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=rf"\[{table}\] {key} = 'logs' is not an absolute path"):
+        config.load()
+    path.write_text(f"[{table}]\n{key} = {value.replace('logs', '/var/logs')}\n")
+    assert "/var/logs" in str(getattr(config.load(), f"{table}_{key}"))

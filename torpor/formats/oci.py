@@ -4,6 +4,7 @@ so platform, annotations, artifactType and unknown fields travel unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,3 +66,17 @@ class Descriptor:
 # manifest, an index or an image config).
 OciSpec = dict[str, Any]
 OciDocument = dict[str, Any]
+
+
+def distinct_blobs(descriptors: Iterable[Descriptor],
+                   excluding: Collection[str] = ()) -> list[Descriptor]:
+    """Each blob once (by digest, first seen first), none whose digest is in `excluding`: the
+    blobs a checkpoint stores are its configs and layers less its base image's
+    (docs/generations.md), whichever of build, encryption or inspect counts them."""
+    unique = {d.digest: d for d in descriptors if d.digest not in excluding}
+    return list(unique.values())
+
+
+def stored_bytes(descriptors: Iterable[Descriptor], excluding: Collection[str] = ()) -> int:
+    """The bytes of `distinct_blobs`: what "stored" means in every figure torpor prints."""
+    return sum(d.size for d in distinct_blobs(descriptors, excluding))

@@ -39,7 +39,7 @@ from torpor.formats import names
 from torpor.formats.chunk_index import ChunkIndex, PackRecord
 from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.metadata import CheckpointMetadata
-from torpor.formats.oci import Descriptor, OciDocument
+from torpor.formats.oci import Descriptor, OciDocument, distinct_blobs, stored_bytes
 from torpor.image import directory as checkpoint_dir
 from torpor.image import documents, kube_archive, rw_merge
 from torpor.image import layers as layer_io
@@ -333,9 +333,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         if diff_layer is not None:
             ours_now.append(Descriptor(mt.OCI_LAYER_ZSTD, diff_layer.digest, diff_layer.size))
         held = previous.blobs if previous else frozenset()
-        own = [d for d in {d.digest: d for d in ours_now}.values()
-               if d.digest not in base_digests]
-        own_bytes = sum(d.size for d in own)
+        own = distinct_blobs(ours_now, excluding=base_digests)
+        own_bytes = stored_bytes(own)
         new_bytes = sum(d.size for d in own if d.digest not in held)
         generation_notes = {ann.NEW_BYTES: str(new_bytes),
                             ann.CHUNKS_NEW_BYTES: str(generation.stats.new_pack_bytes)}

@@ -29,7 +29,7 @@ from typing import Any
 from torpor.errors import ImageError
 from torpor.formats import mediatypes as mt
 from torpor.formats.digests import sha256_digest
-from torpor.formats.oci import Descriptor, OciDocument
+from torpor.formats.oci import Descriptor, OciDocument, stored_bytes
 from torpor.image import clear_metadata, documents, ocicrypt, unpack
 from torpor.image.build import BuiltImage
 from torpor.image.encryption_keys import DecryptionKey, Recipient
@@ -174,9 +174,9 @@ def _rewrite(layout: Layout, image: unpack.CheckpointImage, ref_name: str | None
                 Descriptor.from_json(image.state_manifest["config"], "config")):
         if old.digest not in kept:
             layout.blob_path(old.digest).unlink(missing_ok=True)
-    configs = int(state_doc["config"]["size"]) + int(runnable_doc["config"]["size"])
+    configs = [Descriptor.from_json(doc["config"], "config") for doc in (state_doc, runnable_doc)]
     return RewrittenImage(index, runnable, state,
-                          configs + sum(d.size for d in (*new_state_layers, *new_own)))
+                          stored_bytes((*configs, *new_state_layers, *new_own)))
 
 
 def _read_doc(layout: Layout, descriptor: Descriptor) -> OciDocument:

@@ -47,7 +47,7 @@ from torpor.formats import names
 from torpor.formats.chunk_index import MAX_INDEX_BYTES, ChunkIndex
 from torpor.formats.digests import sha256_digest
 from torpor.formats.metadata import BaseImage, CheckpointMetadata
-from torpor.formats.oci import Descriptor, OciDocument
+from torpor.formats.oci import Descriptor, OciDocument, distinct_blobs
 from torpor.image import clear_metadata, extract, ocicrypt, reassemble
 from torpor.image import directory as checkpoint_dir
 from torpor.image.encryption_annotations import open_layer_key
@@ -132,9 +132,7 @@ class CheckpointImage:
         docs/generations.md)."""
         config = Descriptor.from_json(self.state_manifest["config"], "state config")
         runnable = self.runnable_blobs
-        unique = {d.digest: d for d in (config, *self.state_layers, runnable[0],
-                                        *self.own_layers)}
-        return list(unique.values())
+        return distinct_blobs((config, *self.state_layers, runnable[0], *self.own_layers))
 
     @property
     def encrypted(self) -> bool:

@@ -45,8 +45,10 @@ class Claims:
     held: dict[str, int] = field(default_factory=dict)   # directory -> its locked owner fd
 
     def claim(self, directory: str, namespace: str, container: str) -> None:
-        """Record who `directory` is for and lock it, in one step: the record appears locked
-        (written beside, locked, then renamed into place), so no sweep sees it unlocked."""
+        """Make `directory`, record who it is for and lock it, before anything is written into
+        it: the record appears locked (written beside, locked, then renamed into place), so no
+        sweep sees it unlocked, and a restore that fails while filling it removes it."""
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         record = os.path.join(directory, OWNER)
         partial = record + ".partial"
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -58,6 +60,15 @@ class Claims:
             os.close(fd)
             raise
         self.held[directory] = fd
+
+    def drop_if_unused(self, directory: str) -> bool:
+        """Remove a claimed `directory` nothing was put in but its owner record; whether it
+        went."""
+        if os.listdir(directory) != [OWNER]:
+            return False
+        shutil.rmtree(directory, ignore_errors=True)
+        os.close(self.held.pop(directory))
+        return True
 
     def release(self, failed: bool) -> None:
         for directory, fd in self.held.items():

@@ -58,7 +58,7 @@ from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, ConfigError, ContainerdError, NotFound, RestoreError
+from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
@@ -139,13 +139,12 @@ def approve(metadata: CheckpointMetadata, options: RestoreOptions, cfg: Config,
     spec = rewrite_spec(metadata.container.spec, metadata.container.id, name, options)
     # one directory per restore: a container of the same name may be using its own
     files = os.path.join(own_files.root(cfg), f"{namespace}-{name}-{secrets.token_hex(8)}")
+    claims.claim(files, namespace, name)  # removed if the restore fails, swept once unmounted
     if pod.in_pod(spec):
         spec = pod.standalone(spec, files, network_given=bool(options.netns))
     else:  # the engine's own files (nerdctl's /etc/hosts...) become torpor's
         spec = pod.own_engine_files(spec, files, frozenset(options.volumes))
-    if os.path.isdir(files):   # the restore's, removed if it fails, swept once unmounted
-        claims.claim(files, namespace, name)
-    else:
+    if claims.drop_if_unused(files):
         files = ""
     policy = restore_policy.RestorePolicy.of(cfg)
     user_annotations = frozenset({ann.RESTORE_ADD_ADDRESSES} if options.add_addresses else ())
@@ -514,10 +513,7 @@ def default_runtime_binary() -> str:
 
 
 def _default_log_uri(cfg: Config, namespace: str, name: str) -> str:
-    directory = cfg.runtime_log_dir
-    if not os.path.isabs(directory):
-        raise ConfigError(f"[runtime] log_dir = {directory!r} in {cfg.path or 'the config'}: "
-                          "give an absolute path", hint="or give the task's --log-uri")
+    directory = cfg.runtime_log_dir   # absolute: torpor.config checks it on load
     os.makedirs(directory, mode=0o700, exist_ok=True)
     return f"file://{directory}/{namespace}-{name}.log"
 
