@@ -4,14 +4,11 @@ registry's own log counts what was asked of it."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -62,33 +59,6 @@ def torpor(node: Node, *args: str, check: bool = True, env: dict[str, str] | Non
     return result
 
 
-def requests_since(registry: Registry, mark: int) -> list[str]:
-    """The requests the registry answered after `mark` (a length of its log): "GET /v2/..."."""
-    text = registry.log.read_text(errors="replace")[mark:]
-    found = (re.search(r'http\.request\.method=(\w+) .*?http\.request\.uri="([^"]+)"', line)
-             for line in text.splitlines() if "response completed" in line)
-    return [f"{m.group(1)} {m.group(2)}" for m in found if m]
-
-
-def layer_digests(registry: Registry, repository: str, tag: str) -> set[str]:
-    """The digests of every layer of the image index at repository:tag, asked of the registry."""
-    def get(reference: str) -> dict[str, Any]:
-        request = urllib.request.Request(
-            f"http://{registry.host}/v2/{repository}/manifests/{reference}",
-            headers={"Accept": "application/vnd.oci.image.index.v1+json, "
-                               "application/vnd.oci.image.manifest.v1+json"})
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            document: dict[str, Any] = json.load(answer)
-            return document
-
-    return {layer["digest"] for m in get(tag)["manifests"]
-            for layer in get(m["digest"])["layers"]}
-
-
-def log_mark(registry: Registry) -> int:
-    return len(registry.log.read_text(errors="replace"))
-
-
 def start_counter(node: Node, test_image: dict[str, object], name: str) -> None:
     node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
     wait_counter_above(node, name, 2)
@@ -110,23 +80,23 @@ def test_restore_refuses_a_taken_or_bad_name_before_any_download(
         torpor(node, "checkpoint", name, "-t", ref, "--push", "--leave-running")
         torpor(node, "rm", ref)   # from the registry, not the local store
         images_before = node.ctr("images", "ls", "-q").stdout.split()
-        layers = layer_digests(registry, f"first/{name}", "1")
+        layers = registry.layer_digests(f"first/{name}", "1")
 
-        mark = log_mark(registry)
+        mark = registry.log_mark()
         taken = torpor(node, "restore", ref, check=False)
         assert taken.returncode != 0
         assert f"container {name} already exists" in taken.stderr
         assert "--name" in taken.stderr
-        blobs = {r.rsplit("/", 1)[1] for r in requests_since(registry, mark) if "/blobs/" in r}
+        blobs = {r.rsplit("/", 1)[1] for r in registry.requests_since(mark) if "/blobs/" in r}
         assert blobs and not blobs & layers   # the metadata (configs) alone names the container
 
         for bad, words in ((name, f"container {name} already exists"),
                            ("bad name", "the container name 'bad name'")):
-            mark = log_mark(registry)
+            mark = registry.log_mark()
             refused = torpor(node, "restore", ref, "--name", bad, check=False)
             assert refused.returncode != 0
             assert words in refused.stderr, refused.stderr
-            assert requests_since(registry, mark) == []   # not even the index
+            assert registry.requests_since(mark) == []   # not even the index
 
         assert not list(store.glob("images/*/layout/blobs/sha256/*"))
         assert not list(store.glob("scratch/*"))

@@ -303,3 +303,41 @@ def test_a_hostile_image_in_the_store_does_not_poison_the_next_generation(
         assert wait_counter_above(a, f"{name}-b", before) > before
         assert second["previous"] == f"{repository}:1", second  # built on the node's own
         assert second["new_bytes"] < first["new_bytes"], (first, second)
+
+
+def test_replicas_restored_at_once_download_one_copy(
+        gen_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    """A node scaling a warmed server from one replica to four starts the restores together:
+    each layer comes down once (the others wait for it and take it from the node's store),
+    and every replica runs on from the checkpointed state."""
+    a, b = gen_nodes
+    name = "replicas"
+    ref = f"{registry.host}/gen/{name}:1"
+    replicas = [f"replica-{n}" for n in range(4)]
+    with containers(a) as on_a, containers(b) as on_b:
+        on_a.append(name)
+        a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c",
+              f"memhog {MEMORY_MIB // 2} & {COUNTER}")
+        wait_for(lambda: "memhog" in exec_out(a, name, "ps"), what="memhog")
+        time.sleep(1)  # filled
+        at_checkpoint = read_counter(a, name)
+        run_torpor(a, "checkpoint", name, "-t", ref, "--push")
+        layers = registry.layer_digests(f"gen/{name}", "1")
+
+        mark = registry.log_mark()
+        on_b += replicas
+        started = [subprocess.Popen([str(b.bin_dir / "torpor"), "restore", ref, "--name", r],
+                                    env=b.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True) for r in replicas]
+        outputs = [p.communicate(timeout=300)[0] for p in started]
+        assert [p.returncode for p in started] == [0] * 4, outputs
+        blob_gets = [r.rsplit("/", 1)[1] for r in registry.requests_since(mark)
+                     if r.startswith("GET ") and "/blobs/" in r]
+        layer_gets = sorted(d for d in blob_gets if d in layers)
+        # each layer at most once (some the node's store may hold already); 4 times before
+        assert layer_gets and len(layer_gets) == len(set(layer_gets)), layer_gets
+        assert not list((session_dir / "gen-b-store" / "locks").glob("*"))   # no lock left
+        for replica in replicas:
+            assert wait_counter_above(b, replica, at_checkpoint) > at_checkpoint
+            assert "memhog" in exec_out(b, replica, "ps")

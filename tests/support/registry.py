@@ -12,8 +12,11 @@ for the tests that tamper with storage.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from .processes import free_port, port_open, stop, wait_for
 
@@ -133,6 +136,30 @@ class Registry:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def layer_digests(self, repository: str, tag: str) -> set[str]:
+        """The digests of every layer of the image index at repository:tag, asked of it."""
+        def get(reference: str) -> dict[str, Any]:
+            request = urllib.request.Request(
+                f"http://{self.host}/v2/{repository}/manifests/{reference}",
+                headers={"Accept": "application/vnd.oci.image.index.v1+json, "
+                                   "application/vnd.oci.image.manifest.v1+json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                document: dict[str, Any] = json.load(answer)
+                return document
+
+        return {layer["digest"] for m in get(tag)["manifests"]
+                for layer in get(m["digest"])["layers"]}
+
+    def log_mark(self) -> int:
+        """Where its log ends now, for `requests_since`."""
+        return len(self.log_text())
+
+    def requests_since(self, mark: int) -> list[str]:
+        """The requests it answered after `mark`: "GET /v2/...", in order."""
+        found = (re.search(r'http\.request\.method=(\w+) .*?http\.request\.uri="([^"]+)"', line)
+                 for line in self.log_text()[mark:].splitlines() if "response completed" in line)
+        return [f"{m.group(1)} {m.group(2)}" for m in found if m]
 
 
 def docker_config(directory: Path, auths: dict[str, tuple[str, str]] | None = None,

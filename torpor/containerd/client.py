@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import grpc
@@ -35,6 +35,7 @@ from torpor.errors import AlreadyExists, ContainerdError, NotFound
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 WRITE_CHUNK = 1 << 20          # well under containerd's 16 MiB message limit
 MAX_MESSAGE = 64 << 20
+LOCKED_WAIT_S = 600.0          # how long a content ref another writer holds is waited for
 
 R = TypeVar("R", bound=Message)
 
@@ -60,6 +61,14 @@ def translate(error: grpc.RpcError, what: str, address: str) -> ContainerdError:
         return ContainerdError(f"{what}: {details}", hint=hint)
     name = code.name.lower().replace("_", " ")
     return ContainerdError(f"{what}: {details} ({name})", hint=hint)
+
+
+class _Locked(Exception):
+    """containerd's content store: another writer holds this ref now."""
+
+    def __init__(self, error: grpc.RpcError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Client:
@@ -286,13 +295,30 @@ class Client:
         except grpc.RpcError as e:
             raise translate(e, f"read content {digest}", self.address) from None
 
-    def write_content(self, ref: str, chunks: Iterable[bytes], total: int, expected: str,
-                      labels: dict[str, str] | None = None) -> str:
-        """Stream a blob into the content store; returns its digest (already there: no-op)."""
-        if self.has_content(expected):
-            if labels:
-                self.label_content(expected, labels)
-            return expected
+    def write_content(self, ref: str, chunks: Callable[[], Iterable[bytes]], total: int,
+                      expected: str, labels: dict[str, str] | None = None) -> str:
+        """Stream a blob into the content store; returns its digest (already there: no-op).
+        While another client writes the same ref (a restore of the same image started at the
+        same moment), containerd answers "locked": wait for it, as containerd's own clients do,
+        and take its blob when it is there or write again (`chunks()` anew) if it gave up."""
+        waited, pause = 0.0, 0.02
+        while True:
+            if self.has_content(expected):
+                if labels:
+                    self.label_content(expected, labels)
+                return expected
+            try:
+                return self._write_content(ref, chunks(), total, expected, labels)
+            except _Locked as locked:
+                if waited >= LOCKED_WAIT_S:
+                    raise translate(locked.error, f"write content {expected}: another "
+                                    f"writer held it for {LOCKED_WAIT_S:.0f} s",
+                                    self.address) from None
+                time.sleep(pause)
+                waited, pause = waited + pause, min(pause * 2, 1.0)
+
+    def _write_content(self, ref: str, chunks: Iterable[bytes], total: int, expected: str,
+                       labels: dict[str, str] | None) -> str:
 
         def requests() -> Iterator[content_pb2.WriteContentRequest]:
             offset = 0
@@ -320,6 +346,8 @@ class Client:
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                 return expected
+            if e.code() == grpc.StatusCode.UNAVAILABLE and " locked" in (e.details() or ""):
+                raise _Locked(e) from None
             raise translate(e, f"write content {expected}", self.address) from None
         return digest or expected
 
@@ -331,7 +359,7 @@ class Client:
                 while chunk := f.read(WRITE_CHUNK):
                     yield chunk
 
-        return self.write_content(ref, chunks(), size, digest, labels)
+        return self.write_content(ref, chunks, size, digest, labels)
 
     def label_content(self, digest: str, labels: dict[str, str]) -> None:
         from google.protobuf import field_mask_pb2

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform as host_platform
+import secrets
 from typing import Any
 
 from torpor.containerd.api import types_pb2
 from torpor.containerd.client import Client
-from torpor.errors import ImageError, NotFound
+from torpor.errors import AlreadyExists, ImageError, NotFound
 from torpor.formats.digests import verify_bytes
 from torpor.formats.mediatypes import INDEX_TYPES
 from torpor.formats.metadata import BaseImage
@@ -83,22 +85,24 @@ def ensure_unpacked(client: Client, snapshotter: str, chain: BaseImage) -> int:
     parent = ""
     for layer, chain_id in zip(chain.layers, ids, strict=True):
         if not client.has_snapshot(snapshotter, chain_id):
-            key = f"torpor-unpack-{chain_id}"
-            try:
-                mounts = client.prepare_snapshot(snapshotter, key, parent)
-            except Exception:
-                client.remove_snapshot(snapshotter, key)
-                mounts = client.prepare_snapshot(snapshotter, key, parent)
+            # a key of its own: a restore of the same image may be unpacking it at this moment
+            # (containerd's unpacker does the same); the first to commit wins, the others
+            # drop theirs. A key a crash left goes with its lease.
+            key = f"torpor-unpack-{chain_id}-{secrets.token_hex(4)}"
+            mounts = client.prepare_snapshot(snapshotter, key, parent)
             try:
                 client.apply_diff(types_pb2.Descriptor(
                     media_type=layer.media_type, digest=layer.digest, size=layer.size), mounts)
                 client.commit_snapshot(snapshotter, chain_id, key,
                                        labels={"containerd.io/snapshot.ref": chain_id})
-            except BaseException:
-                try:
+            except AlreadyExists:   # another unpack committed it first: the same content
+                with contextlib.suppress(NotFound):
                     client.remove_snapshot(snapshotter, key)
-                except NotFound:
-                    pass
+                parent = chain_id
+                continue
+            except BaseException:
+                with contextlib.suppress(NotFound):
+                    client.remove_snapshot(snapshotter, key)
                 raise
             applied += 1
         parent = chain_id

@@ -20,7 +20,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +150,38 @@ class Store:
             size = sum(f.stat().st_size for f in layout.rglob("*") if f.is_file())
             out.append(StoreEntry(ref, str(top.get("digest", "")), size, str(entry / "layout")))
         return out
+
+    @contextmanager
+    def downloading(self, digest: str, waiting: Callable[[], None] = lambda: None
+                    ) -> Iterator[None]:
+        """One download of the image `digest` at a time on this node: restores and pulls of
+        one image started together wait for the first, whose layers they then find in the
+        store (`waiting` is called first if they wait). The lock file goes with its holder: a
+        waiter that wakes on a removed one takes the lock again on the new file."""
+        locks = self.root / "locks"
+        locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = locks / f"download-{digest.split(':', 1)[-1]}.lock"
+        told = False
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    waiting()
+                    told = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(fd)   # its holder removed it after we opened it: take the new one
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            os.close(fd)
 
     @contextmanager
     def scratch(self) -> Iterator[Path]:

@@ -40,6 +40,7 @@ The checkpoint itself is only read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -223,7 +224,10 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
-                with store.staging(source) as staged:  # the previous copy stays till it is whole
+                waiting = functools.partial(progress.step, "waiting for the download of this "
+                                            "image by another restore or pull on this node")
+                with store.downloading(plan.top.descriptor.digest, waiting), \
+                        store.staging(source) as staged:  # the previous copy stays till whole
                     held = generation.hold_for_pull(plan, store, scratch / "held")
                     layers = generation.place_for_pull(plan, held, staged)  # the store has them
                     progress.step(f"downloading {len(layers)} layers "
