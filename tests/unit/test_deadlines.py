@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from torpor.capture import deadlines
 from torpor.errors import DeadlineExceeded
 from torpor.shim import criu_log
+
+T = TypeVar("T")
 
 
 def alive(pid: int) -> bool:
@@ -20,6 +24,15 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+
+
+def until(condition: Callable[[], T], timeout: float = 5) -> T:
+    """What `condition()` gives once it is true, polled every 10 ms (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return value
 
 
 def tree(script: str) -> subprocess.Popen[bytes]:
@@ -42,16 +55,14 @@ def test_a_program_within_its_deadline_is_waited_for() -> None:
 
 def test_a_program_past_its_deadline_is_killed_with_everything_it_started() -> None:
     proc = tree("sleep 60 & sh -c 'sleep 60 & wait' & wait")
-    time.sleep(0.3)
-    below = deadlines.descendants(proc.pid)
-    assert len(below) >= 3
+    below = until(lambda: (found := deadlines.descendants(proc.pid)) and len(found) >= 3
+                  and found)
     bystander = subprocess.Popen(["sleep", "60"])  # not below it: never touched
     try:
         started = time.monotonic()
-        assert deadlines.wait(proc, 0.3, output=True) is None
+        assert deadlines.wait(proc, 0.1, output=True) is None
         assert time.monotonic() - started < 5
-        time.sleep(0.2)
-        assert [p for p in [proc.pid, *below] if alive(p)] == []
+        until(lambda: not [p for p in [proc.pid, *below] if alive(p)])
         assert alive(bystander.pid)
     finally:
         bystander.kill()
@@ -59,9 +70,9 @@ def test_a_program_past_its_deadline_is_killed_with_everything_it_started() -> N
 
 
 def test_the_clock_stands_while_someone_else_holds_the_program() -> None:
-    proc = tree("sleep 0.7")
-    until = time.monotonic() + 0.5
-    assert deadlines.wait(proc, 0.3, held=lambda: time.monotonic() < until) is not None
+    proc = tree("sleep 0.25")   # past its 0.15 s, but the clock stood for 0.2
+    held_until = time.monotonic() + 0.2
+    assert deadlines.wait(proc, 0.15, held=lambda: time.monotonic() < held_until) is not None
     assert proc.returncode == 0
 
 
@@ -70,13 +81,13 @@ def test_a_step_in_this_process_is_broken_off_at_its_deadline(tmp_path: Path) ->
     os.mkfifo(fifo)  # a FIFO where a file should be: open() blocks for ever
     started = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="unpacking the CRIU images did not finish within"), \
-            deadlines.step("unpacking the CRIU images", 0.3, "[restore] timeout_s"), \
+            deadlines.step("unpacking the CRIU images", 0.1, "[restore] timeout_s"), \
             open(fifo, "rb") as f:
         f.read()
     assert time.monotonic() - started < 3
     with deadlines.step("a quick step", 5, "[restore] timeout_s"):
         pass
-    time.sleep(0.1)  # no alarm left behind
+    time.sleep(0.05)  # no alarm left behind
 
 
 def test_criu_s_last_lines_say_where_it_stood(tmp_path: Path) -> None:
