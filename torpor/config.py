@@ -91,6 +91,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                           "credentials: default $DOCKER_CONFIG or ~/.docker/config.json"),
         "ca_file": (str, "", "extra CA certificates for registries with private TLS"),
         "insecure": (list, [], 'registries reached over plain http, e.g. ["localhost:5000"]'),
+        "hosts_dir": (str, "/etc/containerd/certs.d",
+                      "containerd's registry host configuration (<host>/hosts.toml: mirrors, "
+                      'pull-through caches, CAs), as ctr and nerdctl read it; "" for none'),
     },
 }
 
@@ -101,7 +104,7 @@ _ABSOLUTE_PATHS = (
     ("runtime", "state_dir"), ("runtime", "hook_path"), ("runtime", "log_dir"),
     ("image", "store"), ("image", "signing_key"), ("restore", "hooks"),
     ("restore", "mount_sources"), ("restore", "trusted_keys"), ("registry", "docker_config"),
-    ("registry", "ca_file"),
+    ("registry", "ca_file"), ("registry", "hosts_dir"),
 )
 
 
@@ -125,6 +128,7 @@ class Config:
         "path",
         "registry_ca_file",
         "registry_docker_config",
+        "registry_hosts_dir",
         "registry_insecure",
         "restore_allow_device_files",
         "restore_annotations",
@@ -188,6 +192,7 @@ class Config:
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]
+    registry_hosts_dir: str
     path: str | None
 
     def __init__(self, values: dict[str, Any] | None = None, path: str | None = None) -> None:

@@ -39,6 +39,11 @@ http:
   secret: torpor-test-secret
 {tls}{auth}{middleware}"""
 
+PROXY = """\
+proxy:
+  remoteurl: {remote}
+"""
+
 REDIRECT_BLOBS = """\
 middleware:
   storage:
@@ -84,7 +89,8 @@ def self_signed_certificate(directory: Path, common_name: str = "127.0.0.1") -> 
 class Registry:
     def __init__(self, base: Path, name: str, *, users: dict[str, str] | None = None, tls: bool = False,
                  token_auth: dict[str, str] | None = None, delete: bool = True,
-                 redirect_blobs: str | None = None) -> None:
+                 redirect_blobs: str | None = None, proxy_of: str | None = None) -> None:
+        """`proxy_of`: a URL; this one is then a pull-through cache of that registry."""
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.storage = self.dir / "storage"
@@ -107,8 +113,9 @@ class Registry:
         self.config = self.dir / "config.yml"
         self.config.write_text(CONFIG.format(storage=self.storage, port=self.port, tls=tls_section,
                                              auth=auth_section, delete=str(delete).lower(),
-                                             middleware=REDIRECT_BLOBS.format(baseurl=redirect_blobs)
-                                             if redirect_blobs else ""))
+                                             middleware=(REDIRECT_BLOBS.format(baseurl=redirect_blobs)
+                                                         if redirect_blobs else "")
+                                             + (PROXY.format(remote=proxy_of) if proxy_of else "")))
         self.log = self.dir / "registry.log"
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -67,6 +67,7 @@ def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryO
         username=access.username, password=access.password,
         docker_config=Path(cfg.registry_docker_config) if cfg.registry_docker_config else None,
         ca_file=Path(ca) if ca else None, insecure=insecure,
+        hosts_dir=Path(cfg.registry_hosts_dir) if cfg.registry_hosts_dir else None,
         parallel=max(4, os.cpu_count() or 1), manifest_limit=cfg.restore_max_manifest_bytes,
         config_limit=cfg.restore_max_config_bytes)
 

@@ -22,6 +22,10 @@ class RegistryOptions:
     docker_config: Path | None = None
     ca_file: Path | None = None
     insecure: bool = False
+    hosts_dir: Path | None = None        # containerd's hosts.toml tree (registry/hosts.py)
+    ca_files: tuple[Path, ...] = ()      # a hosts.toml's `ca`, beside ca_file
+    client_certs: tuple[tuple[Path, Path | None], ...] = ()   # its `client`
+    skip_verify: bool = False            # its `skip_verify`: TLS, certificate not verified
     timeout_s: float = 60.0
     retries: int = 4
     backoff_s: float = 0.5

@@ -23,13 +23,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from torpor.errors import ImageError
+from torpor.errors import DigestMismatch, ImageError, RegistryError
 from torpor.formats import mediatypes
 from torpor.formats.digests import verify_bytes
 from torpor.formats.oci import Descriptor
 from torpor.registry import manifests
 from torpor.registry.blob_download import download_blob
-from torpor.registry.client import RepositoryClient
+from torpor.registry.client import FetchedManifest, RepositoryClient
 from torpor.registry.descriptors import ManifestContents, manifest_contents
 from torpor.registry.layout import Layout
 from torpor.registry.options import RegistryOptions
@@ -186,10 +186,9 @@ def fetch_metadata(reference: Reference | str, options: RegistryOptions | None =
     the pull before anything else is fetched (torpor.signing checks signatures there)."""
     options = options or RegistryOptions()
     ref = parse_reference(reference) if isinstance(reference, str) else reference
-    session = RegistrySession.for_reference(ref, options)
+    session, fetched = _resolve(ref, options)
     try:
         repo = RepositoryClient(session, ref.repository)
-        fetched = repo.get_manifest(ref.reference, options.manifest_limit)
         top = Descriptor(fetched.media_type, fetched.digest, len(fetched.body))
         if check_top is not None:
             check_top(repo, top)
@@ -199,6 +198,29 @@ def fetch_metadata(reference: Reference | str, options: RegistryOptions | None =
         session.close()
         raise
     return PullPlan(ref, session, manifests)
+
+
+def _resolve(ref: Reference, options: RegistryOptions) -> tuple[RegistrySession, FetchedManifest]:
+    """The top manifest, from the first host that has it (a mirror or pull-through cache the
+    node's hosts.toml names, else the registry), and that host's session for the rest of the
+    pull. A mirror that fails or lacks it is passed over, as containerd does; every byte it
+    serves is digest-checked all the same, and what it resolves is checked as the origin's."""
+    capability = "pull" if ref.digest else "resolve"
+    sessions = RegistrySession.candidates(ref, options, capability)
+    passed: list[str] = []
+    for n, session in enumerate(sessions):
+        try:
+            repo = RepositoryClient(session, ref.repository)
+            return session, repo.get_manifest(ref.reference, options.manifest_limit,
+                                              expected_digest=ref.digest)
+        except (RegistryError, DigestMismatch) as e:
+            session.close()
+            if n == len(sessions) - 1:
+                if passed:   # the user sees why each mirror was passed over
+                    e.message += f" (after {'; '.join(passed)})"
+                raise
+            passed.append(f"{session.endpoint.describe()}: {e.message}")
+    raise AssertionError("candidates() gives at least one host")
 
 
 def pull(reference: Reference | str, layout_dir: Path | str, *, want: Callable[[Layer], bool] | None = None,

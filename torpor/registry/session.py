@@ -11,13 +11,14 @@ registry's host sent it: one from a host it redirected to is an AuthError, its r
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from dataclasses import dataclass, replace
+from urllib.parse import urlencode, urljoin, urlsplit
 
-from torpor.errors import AuthError, RegistryError
-from torpor.registry import http_errors
+from torpor.errors import AuthError, ConfigError, RegistryError
+from torpor.registry import hosts, http_errors
 from torpor.registry.auth import Authenticator
 from torpor.registry.credentials import Credentials, find_credentials
+from torpor.registry.hosts import Endpoint
 from torpor.registry.options import RegistryOptions
 from torpor.registry.reference import Reference
 from torpor.registry.response import Response
@@ -41,22 +42,56 @@ class RegistrySession:
     """Everything that talks to one registry host, shared by the threads of a push or pull."""
 
     def __init__(self, registry: str, host: str, options: RegistryOptions,
-                 credentials: Credentials | None) -> None:
-        self.registry, self.host, self.options = registry, host, options
-        self.transport = Transport(registry, options)
+                 credentials: Credentials | None, endpoint: Endpoint | None = None) -> None:
+        self.registry, self.host = registry, host
+        self.endpoint = endpoint or Endpoint("", host)
+        if endpoint is not None:   # what the node's hosts.toml says of this host
+            options = replace(options, ca_files=(*options.ca_files, *endpoint.ca_files),
+                              client_certs=endpoint.client_certs,
+                              skip_verify=options.skip_verify or endpoint.skip_verify)
+        self.options = options
+        given = {endpoint.host: endpoint.scheme} if endpoint and endpoint.scheme else {}
+        self.transport = Transport(registry, options, given)
         self.auth = Authenticator(registry, self.transport, credentials)
 
     @classmethod
-    def for_reference(cls, ref: Reference, options: RegistryOptions) -> RegistrySession:
-        """A session for the reference's registry, with the credentials options or docker give."""
-        if options.username:
-            credentials: Credentials | None = Credentials(options.username, options.password or "",
-                                                          source="--username")
-        else:
-            credentials = find_credentials(ref.registry, options.docker_config)
-        return cls(ref.registry, ref.api_host, options, credentials)
+    def for_reference(cls, ref: Reference, options: RegistryOptions,
+                      capability: str = "push") -> RegistrySession:
+        """A session for the reference's registry, with the credentials options or docker give,
+        on the first host the node's hosts.toml gives for `capability` (the registry itself
+        when there is none)."""
+        return cls.candidates(ref, options, capability)[0]
+
+    @classmethod
+    def candidates(cls, ref: Reference, options: RegistryOptions,
+                   capability: str) -> list[RegistrySession]:
+        """One session per host that may serve `capability` ("pull", "resolve", "push"), in the
+        order containerd tries them: mirrors first, the registry's server last."""
+        found = hosts.endpoints(ref.registry, ref.api_host, options.hosts_dir)
+        able = hosts.for_capability(found, capability)
+        if not able:
+            raise ConfigError(f"{found[-1].source}: no host of {ref.registry} may {capability}",
+                              hint=f'add "{capability}" to a host\'s capabilities')
+        out = []
+        for endpoint in able:
+            if options.username:
+                credentials: Credentials | None = Credentials(
+                    options.username, options.password or "", source="--username")
+            else:   # a mirror's own credentials; the server's are the registry's
+                own = endpoint.host if endpoint.is_mirror else ref.registry
+                credentials = find_credentials(own, options.docker_config)
+            given = None if not endpoint.scheme else endpoint
+            out.append(cls(ref.registry, endpoint.host, options, credentials, given))
+        return out
 
     def url(self, path: str) -> str:
+        """The URL of an API path ("/v2/..."): on this host, under the path its hosts.toml
+        gives, with `ns=` for a mirror (as containerd sends it)."""
+        endpoint = self.endpoint
+        if path.startswith("/v2"):
+            path = endpoint.path + path[3:]
+        if endpoint.namespace:
+            path += ("&" if "?" in path else "?") + urlencode({"ns": endpoint.namespace})
         return self.transport.base_url(self.host) + path
 
     def request(self, method: str, url: str, *, scope: str, what: str, ok: Collection[int],
@@ -107,7 +142,7 @@ class RegistrySession:
                 open_body: Callable[[], FileBody] | None) -> Response:
         for _ in range(MAX_REDIRECTS + 1):
             own_host = urlsplit(url).netloc == self.host
-            all_headers = dict(headers)
+            all_headers = {**self.endpoint.headers, **headers} if own_host else dict(headers)
             if authorization and own_host:
                 all_headers["Authorization"] = authorization
             if open_body is not None:

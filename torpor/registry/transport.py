@@ -40,10 +40,14 @@ class ReadableFile(Protocol):
 class Transport:
     """Connections to one registry host (and, for tokens or redirects, to others)."""
 
-    def __init__(self, registry: str, options: RegistryOptions) -> None:
+    def __init__(self, registry: str, options: RegistryOptions,
+                 schemes: dict[str, str] | None = None) -> None:
+        """`schemes`: hosts whose scheme the node's configuration gives (a hosts.toml URL),
+        used as given, plain http included, never probed."""
         self.registry, self.options = registry, options
         self._idle: dict[tuple[str, str], list[Connection]] = {}
-        self._schemes: dict[str, str] = {}
+        self._given = dict(schemes or {})
+        self._schemes: dict[str, str] = dict(self._given)
         self._lock = threading.Lock()
         self._tls: ssl.SSLContext | None = None  # made on first use: loading the CAs takes ~40 ms
 
@@ -64,7 +68,7 @@ class Transport:
         passing each read to `observe`. Network failures raise RegistryError."""
         parts = urlsplit(url)
         key = (parts.scheme, parts.netloc)
-        self._check_scheme_allowed(parts.scheme, parts.hostname or "", what)
+        self._check_scheme_allowed(parts.scheme, parts.netloc, parts.hostname or "", what)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
         conn = self._acquire(key)
         try:
@@ -132,7 +136,9 @@ class Transport:
     def _plain_http_allowed(self, hostname: str) -> bool:
         return self.options.insecure or is_loopback_host(hostname)
 
-    def _check_scheme_allowed(self, scheme: str, hostname: str, what: str) -> None:
+    def _check_scheme_allowed(self, scheme: str, netloc: str, hostname: str, what: str) -> None:
+        if scheme == "http" and self._given.get(netloc) == "http":
+            return   # the node's hosts.toml says http://
         if scheme == "http" and not self._plain_http_allowed(hostname):
             raise RegistryError(f"refusing plain http to {hostname} for {what}",
                                 hint="only loopback or --insecure registries may use plain http")
@@ -198,16 +204,32 @@ _PROBE_CONTEXT = _probe_context()
 
 
 def _tls_context(options: RegistryOptions) -> ssl.SSLContext:
-    if options.insecure:
+    context = _verifying_context(options)
+    for cert, key in options.client_certs:   # a hosts.toml's `client`
+        try:
+            context.load_cert_chain(str(cert), str(key) if key else None)
+        except (OSError, ssl.SSLError) as e:
+            raise RegistryError(f"cannot load the client certificate {cert}: {e}",
+                                hint="hosts.toml's client = [cert, key] takes PEM files") from None
+    return context
+
+
+def _verifying_context(options: RegistryOptions) -> ssl.SSLContext:
+    if options.insecure or options.skip_verify:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
         return context
+    cafile = options.ca_file
     try:
-        return ssl.create_default_context(cafile=str(options.ca_file) if options.ca_file else None)
+        context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+        for cafile in options.ca_files:
+            context.load_verify_locations(cafile=str(cafile))
     except (OSError, ssl.SSLError) as e:
-        raise RegistryError(f"cannot load the CA file {options.ca_file}: {e}",
-                            hint="--ca-file takes a PEM file of CA certificates") from None
+        raise RegistryError(f"cannot load the CA file {cafile}: {e}",
+                            hint="--ca-file and hosts.toml's ca take PEM files of CA "
+                                 "certificates") from None
+    return context
 
 
 def backoff_delays(options: RegistryOptions) -> Iterator[float]:
