@@ -11,6 +11,8 @@
 # The test tools live in a private prefix, $PREFIX/lib/torpor-deps, and replace nothing:
 #   containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x (Debian sid's
 #                       .deb, unpacked), beside Debian's containerd 1.6 on PATH
+#   containerd-2.4/bin/ the same of containerd 2.4 (restore through CreateContainer removed),
+#                       built from its pinned module like the tools below
 #   bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, built from pinned Go modules
 #                       (packaging/go/<tool>/: go.mod and go.sum, the hashes the toolchain checks)
 #   go/                 Debian sid's Go, only where the machine has no go new enough
@@ -40,6 +42,9 @@ GO_TOOLS=(
     "crictl|sigs.k8s.io/cri-tools/cmd/crictl|0||sigs.k8s.io/cri-tools/pkg/version.Version={v}"
     "checkpointctl|github.com/checkpoint-restore/checkpointctl|0||main.name=checkpointctl main.version={n}"
     "cosign|github.com/sigstore/cosign/v2/cmd/cosign|0||sigs.k8s.io/release-utils/version.gitVersion={v}"
+    # several packages: binaries of one module into $DEPS/<tool>/bin (containerd's Makefile
+    # builds them without cgo and btrfs the same way)
+    "containerd-2.4|github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2|0|no_btrfs|github.com/containerd/containerd/v2/version.Version={v} github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
 )
 PREFIX=${TORPOR_PREFIX:-/usr/local}
 DEPS=$PREFIX/lib/torpor-deps
@@ -285,6 +290,16 @@ go_tool_pin() {
       echo "$recipe"; "$GO" env GOVERSION; } | sha256sum | cut -c1-64
 }
 
+go_tool_out() {
+    # go_tool_out ENTRY: what a line of GO_TOOLS builds: $DEPS/bin/<tool>, or for several
+    # packages the directory $DEPS/<tool>/bin
+    local name=${1%%|*} rest=${1#*|}
+    case ${rest%%|*} in
+        *" "*) echo "$DEPS/$name/bin" ;;
+        *) echo "$DEPS/bin/$name" ;;
+    esac
+}
+
 module_version() {
     # The version packaging/go/NAME/go.mod requires of the module that holds package PKG.
     awk -v pkg="$2" '$1 != "module" && $2 ~ /^v/ && (pkg == $1 || index(pkg, $1 "/") == 1) {
@@ -298,13 +313,14 @@ install_go_tools() {
     for entry in "${GO_TOOLS[@]}"; do
         name=${entry%%|*}
         pin=$(go_tool_pin "$name" "$entry")
-        if [ -x "$DEPS/bin/$name" ] && [ "$(cat "$DEPS/bin/.$name.pin" 2>/dev/null)" = "$pin" ]; then
+        if [ -e "$(go_tool_out "$entry")" ] \
+                && [ "$(cat "$DEPS/bin/.$name.pin" 2>/dev/null)" = "$pin" ]; then
             continue
         fi
         todo+=("$entry")
     done
     if [ "${#todo[@]}" -eq 0 ]; then
-        log "runc, nerdctl, crictl, checkpointctl and cosign are up to date in $DEPS/bin"
+        log "runc, nerdctl, crictl, checkpointctl, cosign and containerd 2.4 are up to date in $DEPS"
         return 0
     fi
     mkdir -p "$STATE"
@@ -325,8 +341,11 @@ install_go_tools() {
 build_go_tool() {
     # build_go_tool ENTRY: one line of GO_TOOLS, built into $DEPS/bin (runs in the background)
     local name pkg cgo tags xvars x version flags=() ldflags="-s -w" start=$SECONDS
+    local out pkgs
     IFS='|' read -r name pkg cgo tags xvars <<<"$1"
-    version=$(module_version "$name" "$pkg")
+    read -r -a pkgs <<<"$pkg"
+    out=$(go_tool_out "$1")
+    version=$(module_version "$name" "${pkgs[0]}")
     [ -n "$tags" ] && flags+=(-tags "$tags")
     [ "$cgo" = 1 ] && flags+=(-buildmode=pie) && ldflags=""
     xvars=${xvars//\{v\}/$version}
@@ -338,14 +357,17 @@ build_go_tool() {
             GOFLAGS="-mod=readonly -trimpath -buildvcs=false -modcacherw" \
             GOPATH="$STATE/go/path" GOMODCACHE="$STATE/go/mod" GOCACHE="$STATE/go/cache" \
             CGO_ENABLED="$cgo" "$GO" build "${flags[@]}" -ldflags "$ldflags" \
-            -o "$DEPS/bin/.$name.tmp" "$pkg") >"$STATE/$name-build.log" 2>&1; then
+            -o "$out.tmp$([ "${#pkgs[@]}" -gt 1 ] && echo /)" "${pkgs[@]}") \
+            >"$STATE/$name-build.log" 2>&1; then
         tail -n 30 "$STATE/$name-build.log" >&2
         log "error: $name build failed (log: $STATE/$name-build.log)"
+        rm -rf "$out.tmp"
         return 1
     fi
-    mv "$DEPS/bin/.$name.tmp" "$DEPS/bin/$name"
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
     go_tool_pin "$name" "$1" >"$DEPS/bin/.$name.pin"
-    log "installed $name $version to $DEPS/bin/$name ($((SECONDS - start)) s)"
+    log "installed $name $version to $out ($((SECONDS - start)) s)"
 }
 
 install_venv() {

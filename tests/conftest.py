@@ -5,7 +5,7 @@ Everything lives under one temporary directory per session and is removed at the
 every process the session started ended by pid.
 
 Versions: `node` runs Debian's containerd 1.6 and runc 1.1.5 unless asked otherwise. A test asks
-for others by parametrizing the fixtures `containerd_version` ("1.6", "2") and `runc_version`
+for others by parametrizing the fixtures `containerd_version` ("1.6", "2", "2.4") and `runc_version`
 ("1.1", "1.3") indirectly, e.g.
 
     @pytest.mark.parametrize("containerd_version", ["1.6", "2"], indirect=True)

@@ -3,7 +3,7 @@ checkpointed and restored again, generation after generation: with torpor's CLI,
 across nodes A -> B -> C through a registry; the counter, the key-value state and an
 established TCP connection come through every generation.
 
-Each runs on containerd 1.6 and 2.x (the `containerd_version` fixture of tests/conftest.py).
+Each runs on containerd 1.6, 2.1 and 2.4 (the `containerd_version` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .support.workload import (
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 GENERATIONS = 5
-CONTAINERD_VERSIONS = ["1.6", "2"]
+CONTAINERD_VERSIONS = ["1.6", "2", "2.4"]
 
 
 def node_config(session_dir: Path, name: str) -> Path:

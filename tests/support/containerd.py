@@ -14,6 +14,7 @@ torpor-runc's low-level runtime (`[runtime] path` in the node's own torpor confi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -27,6 +28,9 @@ from torpor.runtime_config import containerd as containerd_config
 from . import ecosystem
 from .netns import NetNS
 from .processes import kill_pid, pids_with_arg, stop, wait_for
+
+CTR_DEPRECATION = re.compile(r'time="[^"]*" level=warning msg="DEPRECATION: The support for '
+                             r'cgroup v1 is deprecated')
 
 CONFIG = """\
 version = {version}
@@ -184,6 +188,10 @@ class Node:
         cmd = [self.ctr_path, "--address", self.address, "--namespace", self.namespace, *args]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                 input=input, env=self.env)
+        # ctr 2.2+ warns on every call that cgroup v1 is deprecated (this machine's kernel
+        # mounts v1): ctr's own words, not the container's stderr
+        result.stderr = "".join(line for line in result.stderr.splitlines(keepends=True)
+                                if not CTR_DEPRECATION.match(line))
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
                                  f"{result.stdout}{result.stderr}")

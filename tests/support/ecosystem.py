@@ -3,7 +3,8 @@
 Everything lives in a private prefix, `$TORPOR_PREFIX/lib/torpor-deps` (TORPOR_PREFIX defaults to
 /usr/local, as in the install script), and replaces nothing on PATH:
 
-    containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x
+    containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x (2.1)
+    containerd-2.4/bin/ the same of containerd 2.4, built from its pinned Go module
     bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, cosign
 
 Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others by version
@@ -21,10 +22,11 @@ DEPS = PREFIX / "lib" / "torpor-deps"
 # CRIU 4.2: install-deps.sh builds it into $TORPOR_PREFIX/sbin, which root's PATH may lack
 SBIN = PREFIX / "sbin"
 CONTAINERD2_BIN = DEPS / "containerd-2" / "bin"
+CONTAINERD24_BIN = DEPS / "containerd-2.4" / "bin"
 TOOLS_BIN = DEPS / "bin"
 
 # The names a test or `pytest --containerd/--runc` uses for each version.
-CONTAINERD_VERSIONS = ("1.6", "2")
+CONTAINERD_VERSIONS = ("1.6", "2", "2.4")
 RUNC_VERSIONS = ("1.1", "1.3")
 TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl", "cosign")
 
@@ -33,7 +35,7 @@ def containerd_bin(version: str) -> Path | None:
     """The directory of containerd, ctr and containerd-shim-runc-v2; None: Debian's, on PATH."""
     if version not in CONTAINERD_VERSIONS:
         raise ValueError(f"containerd {version!r}: choose one of {', '.join(CONTAINERD_VERSIONS)}")
-    return None if version == "1.6" else CONTAINERD2_BIN
+    return {"1.6": None, "2": CONTAINERD2_BIN, "2.4": CONTAINERD24_BIN}[version]
 
 
 def runc_path(version: str) -> Path | None:
@@ -62,6 +64,7 @@ def which(name: str) -> str | None:
 
 def missing() -> list[str]:
     """What install-deps.sh should have installed here and did not."""
-    wanted = [CONTAINERD2_BIN / name for name in ("containerd", "ctr", "containerd-shim-runc-v2")]
+    wanted = [directory / name for directory in (CONTAINERD2_BIN, CONTAINERD24_BIN)
+              for name in ("containerd", "ctr", "containerd-shim-runc-v2")]
     wanted += [tool(name) for name in TOOLS]
     return [str(path) for path in wanted if not os.access(path, os.X_OK)]
