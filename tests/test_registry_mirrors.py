@@ -14,6 +14,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
+from .support.processes import wait_for
 from .support.registry import Registry
 from .support.workload import (
     COUNTER,
@@ -78,6 +79,9 @@ def test_two_nodes_restore_through_the_cache(nodes: Nodes, session_dir: Path,
             (on_a if node is a else on_b).append(restored)
             mark = origin.log_mark()
             run_torpor(node, "restore", ref, "--name", restored)
+            wait_for(lambda: all(cache.blob_data(d).exists() for d in layers),
+                     what="the cache to store every layer")   # it stores after answering
+            origin.wait_quiet()
             served[restored] = [d for d in blob_gets(origin, mark) if d in layers]
             assert read_counter(node, restored) >= at_checkpoint   # its memory, not a new start
             wait_counter_above(node, restored, read_counter(node, restored))

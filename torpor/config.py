@@ -94,6 +94,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "hosts_dir": (str, "/etc/containerd/certs.d",
                       "containerd's registry host configuration (<host>/hosts.toml: mirrors, "
                       'pull-through caches, CAs), as ctr and nerdctl read it; "" for none'),
+        "registries_conf": (str, "/etc/containers/registries.conf",
+                            "Podman's registry configuration (mirrors, locations), for "
+                            'registries no hosts.toml names; "" for none'),
     },
 }
 
@@ -105,6 +108,7 @@ _ABSOLUTE_PATHS = (
     ("image", "store"), ("image", "signing_key"), ("restore", "hooks"),
     ("restore", "mount_sources"), ("restore", "trusted_keys"), ("registry", "docker_config"),
     ("registry", "ca_file"), ("registry", "hosts_dir"),
+    ("registry", "registries_conf"),
 )
 
 
@@ -130,6 +134,7 @@ class Config:
         "registry_docker_config",
         "registry_hosts_dir",
         "registry_insecure",
+        "registry_registries_conf",
         "restore_allow_device_files",
         "restore_annotations",
         "restore_capabilities",
@@ -193,6 +198,7 @@ class Config:
     registry_ca_file: str
     registry_insecure: list[str]
     registry_hosts_dir: str
+    registry_registries_conf: str
     path: str | None
 
     def __init__(self, values: dict[str, Any] | None = None, path: str | None = None) -> None:

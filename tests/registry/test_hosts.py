@@ -14,6 +14,7 @@ from torpor.errors import RegistryError
 from torpor.registry import fetch_metadata, pull, push_layout
 
 from ..support.checkpoint_layouts import WrittenLayout
+from ..support.processes import wait_for
 from ..support.registry import Registry
 from .conftest import FAST
 
@@ -46,6 +47,10 @@ def test_two_nodes_pull_through_one_cache_and_the_second_costs_the_origin_nothin
     for node in ("node-a", "node-b"):
         origin_mark = origin.log_mark()
         pulled = pull(ref, tmp_path / node, options=options)
+        # the cache stores what it fetched after answering: wait for it, then count
+        wait_for(lambda: all(cache.blob_data(d).exists() for d in layout.blobs),
+                 what="the cache to store every blob")
+        origin.wait_quiet()
         served[node] = blob_gets(origin, origin_mark)
         assert pulled.digest == pushed.digest
         for digest in layout.blobs:
@@ -103,3 +108,25 @@ def test_a_mirror_that_lies_is_passed_over_and_a_dead_one_named(
     with pytest.raises(RegistryError) as failed:
         fetch_metadata(ref, dataclasses.replace(options, retries=0))
     assert f"http://{liar.host} (mirror" in failed.value.message, failed.value.message
+
+
+def test_podman_s_registries_conf_mirror_with_another_repository_name(
+        start_registry: Callable[..., Registry], layout: WrittenLayout, tmp_path: Path) -> None:
+    """Where no hosts.toml names the registry, registries.conf does (Podman users): the pull
+    takes the mirror's copy under its own repository name, the origin serving no blob."""
+    origin = start_registry("origin")
+    mirror = start_registry("mirror")
+    pushed = push_layout(layout.root, f"{origin.host}/team/web1:1", options=FAST)
+    push_layout(layout.root, f"{mirror.host}/copies/web1:1", options=FAST)
+    conf = tmp_path / "registries.conf"
+    conf.write_text(f'[[registry]]\nprefix = "{origin.host}/team"\nlocation = "{origin.host}/team"\n'
+                    f'[[registry.mirror]]\nlocation = "{mirror.host}/copies"\n')
+    options = dataclasses.replace(FAST, hosts_dir=tmp_path / "no-certs.d", registries_conf=conf)
+    origin_mark, mirror_mark = origin.log_mark(), mirror.log_mark()
+    pulled = pull(f"{origin.host}/team/web1:1", tmp_path / "pulled", options=options)
+    assert pulled.digest == pushed.digest
+    assert blob_gets(origin, origin_mark) == []
+    assert sorted(set(blob_gets(mirror, mirror_mark))) == sorted(layout.blobs)
+    asked = mirror.requests_since(mirror_mark)
+    assert asked and all(r.split()[1].startswith("/v2/copies/web1/") for r in asked), asked
+    assert origin.requests_since(origin_mark) == []

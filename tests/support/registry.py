@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,18 @@ class Registry:
 
         return {layer["digest"] for m in get(tag)["manifests"]
                 for layer in get(m["digest"])["layers"]}
+
+    def wait_quiet(self, quiet_s: float = 0.3, timeout: float = 10) -> None:
+        """Until its log has not grown for `quiet_s` (what it does after answering, e.g. a
+        pull-through cache storing a blob, has been logged)."""
+        deadline = time.monotonic() + timeout
+        size = self.log_mark()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.log_mark()
+            if now == size:
+                return
+            size = now
 
     def log_mark(self) -> int:
         """Where its log ends now, for `requests_since`."""

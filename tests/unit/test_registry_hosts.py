@@ -93,3 +93,48 @@ def test_a_registry_no_host_may_push_to_is_refused_in_words(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match=r"no host of reg\.example may push"):
         RegistrySession.for_reference(parse_reference("reg.example/a:1"),
                                       RegistryOptions(hosts_dir=root))
+
+
+def conf(tmp_path: Path, text: str, drop_in: str = "") -> Path:
+    path = tmp_path / "registries.conf"
+    path.write_text(text)
+    if drop_in:
+        (tmp_path / "registries.conf.d").mkdir()
+        (tmp_path / "registries.conf.d" / "50-team.conf").write_text(drop_in)
+    return path
+
+
+def test_podman_s_registries_conf_where_no_hosts_toml_applies(tmp_path: Path) -> None:
+    """The longest prefix wins; mirrors first (pull-from-mirror), the location last; a location
+    with a path moves the repository, as containers/image does."""
+    path = conf(tmp_path, '''
+unqualified-search-registries = ["docker.io"]
+[[registry]]
+prefix = "reg.example"
+location = "reg.example"
+[[registry]]
+prefix = "reg.example/team"
+location = "internal.example:5000/mirrored/team"
+insecure = true
+[[registry.mirror]]
+location = "cache.example:5000/team-cache"
+pull-from-mirror = "digest-only"
+''')
+    found = endpoints("reg.example", "reg.example", None, path, "team/web")
+    assert [(e.host, e.repository("team/web"), sorted(e.capabilities)) for e in found] == [
+        ("cache.example:5000", "team-cache/web", ["pull"]),
+        ("internal.example:5000", "mirrored/team/web", ["pull", "push", "resolve"])]
+    assert found[1].insecure and found[0].is_mirror and not found[1].is_mirror
+    other = endpoints("reg.example", "reg.example", None, path, "other/web")
+    assert [(e.host, e.repository("other/web")) for e in other] == [("reg.example", "other/web")]
+    hosts = write(tmp_path / "certs.d", "reg.example", '[host."http://m:5000"]\n')
+    assert endpoints("reg.example", "reg.example", hosts, path, "team/web")[0].host == "m:5000"
+
+
+def test_a_drop_in_replaces_the_table_of_its_prefix_and_blocked_is_refused(
+        tmp_path: Path) -> None:
+    path = conf(tmp_path, '[[registry]]\nlocation = "reg.example"\n',
+                drop_in='[[registry]]\nlocation = "reg.example"\nblocked = true\n')
+    with pytest.raises(ConfigError, match=r"reg\.example is blocked") as refused:
+        endpoints("reg.example", "reg.example", None, path, "a/b")
+    assert "50-team.conf" in str(refused.value)

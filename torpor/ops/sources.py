@@ -68,6 +68,8 @@ def registry_options(cfg: Config, ref: str, access: RegistryAccess) -> RegistryO
         docker_config=Path(cfg.registry_docker_config) if cfg.registry_docker_config else None,
         ca_file=Path(ca) if ca else None, insecure=insecure,
         hosts_dir=Path(cfg.registry_hosts_dir) if cfg.registry_hosts_dir else None,
+        registries_conf=Path(cfg.registry_registries_conf) if cfg.registry_registries_conf
+        else None,
         parallel=max(4, os.cpu_count() or 1), manifest_limit=cfg.restore_max_manifest_bytes,
         config_limit=cfg.restore_max_config_bytes)
 

@@ -50,23 +50,38 @@ class Endpoint:
     client_certs: tuple[tuple[Path, Path | None], ...] = ()
     headers: dict[str, str] = field(default_factory=dict)
     namespace: str = ""          # ?ns= for a mirror: the registry it stands in for
-    source: str = ""             # the hosts.toml that named it
+    source: str = ""             # the file that named it
+    insecure: bool = False       # registries.conf's insecure: plain http or TLS unverified
+    remap: tuple[str, str] = ("", "")   # registries.conf: a repository prefix and its new name
+    mirror: bool = False         # a mirror in registries.conf (no ?ns=)
+
+    def repository(self, name: str) -> str:
+        """The repository's name on this host (registries.conf may move it)."""
+        old, new = self.remap
+        if old and (name == old or name.startswith(old + "/")):
+            return (new + name[len(old):]).strip("/")
+        if not old and new:
+            return f"{new}/{name}"
+        return name
 
     @property
     def is_mirror(self) -> bool:
-        return bool(self.namespace)
+        return bool(self.namespace) or self.mirror
 
     def describe(self) -> str:
         where = f"{self.scheme}://{self.host}" if self.scheme else self.host
         return f"{where} (mirror, {self.source})" if self.is_mirror else where
 
 
-def endpoints(registry: str, api_host: str, hosts_dir: Path | None) -> list[Endpoint]:
-    """The hosts to try for `registry`, mirrors first, the server last; without a hosts.toml,
-    the registry's own API host alone (as today: scheme probed, options' CA and --insecure)."""
+def endpoints(registry: str, api_host: str, hosts_dir: Path | None,
+              registries_conf: Path | None = None, repository: str = "") -> list[Endpoint]:
+    """The hosts to try for `registry`, mirrors first, the server last: from its hosts.toml,
+    else from registries.conf (Podman's, for `repository`), else the registry's own API host
+    alone (scheme probed, options' CA and --insecure)."""
     path = _hosts_file(registry, hosts_dir)
     if path is None:
-        return [Endpoint("", api_host)]
+        from_podman = _from_registries_conf(registries_conf, registry, repository)
+        return from_podman or [Endpoint("", api_host)]
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -154,3 +169,74 @@ def _client_certs(value: object, where: str, url: str) -> tuple[tuple[Path, Path
         else:
             raise ConfigError(f"{where}: client of {url}: a path or a [cert, key] pair")
     return tuple(out)
+
+
+def _from_registries_conf(path: Path | None, registry: str, repository: str
+                          ) -> list[Endpoint] | None:
+    """containers-registries.conf(5), version 2: the `[[registry]]` whose prefix matches
+    `registry/repository` longest; its mirrors (pull-from-mirror: all, digest-only,
+    tag-only), then its location. None when the file or a matching table is absent."""
+    if path is None:
+        return None
+    drop_ins = path.with_name(path.name + ".d")
+    files = [path, *sorted(drop_ins.glob("*.conf"))] if drop_ins.is_dir() else [path]
+    by_prefix: dict[str, tuple[dict[str, Any], str]] = {}   # a later file's table replaces
+    for file in files:
+        if not file.is_file():
+            continue
+        try:
+            document = tomllib.loads(file.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read {file}: {e}",
+                              hint="see containers-registries.conf(5)") from None
+        tables = document.get("registry", [])
+        for table in tables if isinstance(tables, list) else []:
+            if isinstance(table, dict):
+                prefix = str(table.get("prefix") or table.get("location") or "")
+                by_prefix[prefix] = (table, str(file))
+    name = f"{registry}/{repository}" if repository else registry
+    best: dict[str, Any] | None = None
+    best_prefix, where = "", str(path)
+    for prefix, (table, source) in by_prefix.items():
+        if prefix.startswith("*."):   # *.example.com: any host under it
+            host = registry.split(":")[0]
+            matches = host.endswith(prefix[1:])
+        else:
+            matches = bool(prefix) and (name == prefix or name.startswith(prefix + "/")
+                                        or name.startswith(prefix + ":")
+                                        or name.startswith(prefix + "@"))
+        if matches and len(prefix) > len(best_prefix):
+            best, best_prefix, where = table, prefix, source
+    if best is None:
+        return None
+    if best.get("blocked"):
+        raise ConfigError(f"{where}: {best_prefix} is blocked", hint="blocked = true in its "
+                          "[[registry]] table")
+    old = best_prefix.partition("/")[2] if not best_prefix.startswith("*.") else ""
+    out = []
+    for mirror in best.get("mirror", []) or []:
+        if not isinstance(mirror, dict) or not isinstance(mirror.get("location"), str):
+            raise ConfigError(f"{where}: a [[registry.mirror]] of {best_prefix} has no location")
+        which = mirror.get("pull-from-mirror", best.get("pull-from-mirror", "all"))
+        capabilities = {"all": {"pull", "resolve"}, "digest-only": {"pull"},
+                        "tag-only": {"resolve"}}.get(str(which))
+        if capabilities is None:
+            raise ConfigError(f"{where}: pull-from-mirror = {which!r}: all, digest-only or "
+                              "tag-only")
+        out.append(_conf_endpoint(mirror["location"], old, frozenset(capabilities),
+                                  bool(mirror.get("insecure", False)), where, mirror=True))
+    location = best.get("location") or best_prefix
+    if best_prefix.startswith("*."):
+        location = registry if not best.get("location") else location
+    out.append(_conf_endpoint(str(location), old, CAPABILITIES,
+                              bool(best.get("insecure", False)), where))
+    return out
+
+
+def _conf_endpoint(location: str, old: str, capabilities: frozenset[str], insecure: bool,
+                   where: str, mirror: bool = False) -> Endpoint:
+    host, _, path = location.partition("/")
+    if not host:
+        raise ConfigError(f"{where}: location {location!r} has no host")
+    return Endpoint(scheme="", host=host, capabilities=capabilities, insecure=insecure,
+                    remap=(old, path), mirror=mirror, source=where)

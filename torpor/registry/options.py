@@ -23,6 +23,7 @@ class RegistryOptions:
     ca_file: Path | None = None
     insecure: bool = False
     hosts_dir: Path | None = None        # containerd's hosts.toml tree (registry/hosts.py)
+    registries_conf: Path | None = None  # Podman's registries.conf, where no hosts.toml applies
     ca_files: tuple[Path, ...] = ()      # a hosts.toml's `ca`, beside ca_file
     client_certs: tuple[tuple[Path, Path | None], ...] = ()   # its `client`
     skip_verify: bool = False            # its `skip_verify`: TLS, certificate not verified

@@ -87,7 +87,7 @@ class PullPlan:
 
     def __init__(self, ref: Reference, session: RegistrySession, manifests: list[PulledManifest]) -> None:
         self.reference, self.manifests, self._session = ref, manifests, session
-        self._repo = RepositoryClient(session, ref.repository)
+        self._repo = RepositoryClient(session, session.repository(ref.repository))
         self.top = manifests[0]
 
     @property
@@ -188,7 +188,7 @@ def fetch_metadata(reference: Reference | str, options: RegistryOptions | None =
     ref = parse_reference(reference) if isinstance(reference, str) else reference
     session, fetched = _resolve(ref, options)
     try:
-        repo = RepositoryClient(session, ref.repository)
+        repo = RepositoryClient(session, session.repository(ref.repository))
         top = Descriptor(fetched.media_type, fetched.digest, len(fetched.body))
         if check_top is not None:
             check_top(repo, top)
@@ -210,7 +210,7 @@ def _resolve(ref: Reference, options: RegistryOptions) -> tuple[RegistrySession,
     passed: list[str] = []
     for n, session in enumerate(sessions):
         try:
-            repo = RepositoryClient(session, ref.repository)
+            repo = RepositoryClient(session, session.repository(ref.repository))
             return session, repo.get_manifest(ref.reference, options.manifest_limit,
                                               expected_digest=ref.digest)
         except (RegistryError, DigestMismatch) as e:

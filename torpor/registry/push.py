@@ -72,7 +72,7 @@ def push_layout(layout_dir: Path | str, reference: Reference | str, *,
     manifests, blobs = walk(layout, top, options.manifest_limit)
     session = RegistrySession.for_reference(ref, options)
     try:
-        repo = RepositoryClient(session, ref.repository)
+        repo = RepositoryClient(session, session.repository(ref.repository))
         outcomes = _push_blobs(repo, layout, blobs, list(mount_from), options.parallel, progress)
         for child in manifests[:-1]:
             repo.put_manifest(child.descriptor.digest, child.body, child.descriptor.media_type)
@@ -172,7 +172,7 @@ class EarlyBlobs:
         self.options = options or RegistryOptions()
         ref = parse_reference(reference) if isinstance(reference, str) else reference
         self._session = RegistrySession.for_reference(ref, self.options)
-        self._repo = RepositoryClient(self._session, ref.repository)
+        self._repo = RepositoryClient(self._session, self._session.repository(ref.repository))
         self._mount_from = list(mount_from)
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.parallel),
                                         thread_name_prefix="torpor-early-push")

@@ -48,7 +48,8 @@ class RegistrySession:
         if endpoint is not None:   # what the node's hosts.toml says of this host
             options = replace(options, ca_files=(*options.ca_files, *endpoint.ca_files),
                               client_certs=endpoint.client_certs,
-                              skip_verify=options.skip_verify or endpoint.skip_verify)
+                              skip_verify=options.skip_verify or endpoint.skip_verify,
+                              insecure=options.insecure or endpoint.insecure)
         self.options = options
         given = {endpoint.host: endpoint.scheme} if endpoint and endpoint.scheme else {}
         self.transport = Transport(registry, options, given)
@@ -67,7 +68,8 @@ class RegistrySession:
                    capability: str) -> list[RegistrySession]:
         """One session per host that may serve `capability` ("pull", "resolve", "push"), in the
         order containerd tries them: mirrors first, the registry's server last."""
-        found = hosts.endpoints(ref.registry, ref.api_host, options.hosts_dir)
+        found = hosts.endpoints(ref.registry, ref.api_host, options.hosts_dir,
+                                options.registries_conf, ref.repository)
         able = hosts.for_capability(found, capability)
         if not able:
             raise ConfigError(f"{found[-1].source}: no host of {ref.registry} may {capability}",
@@ -80,9 +82,13 @@ class RegistrySession:
             else:   # a mirror's own credentials; the server's are the registry's
                 own = endpoint.host if endpoint.is_mirror else ref.registry
                 credentials = find_credentials(own, options.docker_config)
-            given = None if not endpoint.scheme else endpoint
+            given = None if endpoint == hosts.Endpoint("", ref.api_host) else endpoint
             out.append(cls(ref.registry, endpoint.host, options, credentials, given))
         return out
+
+    def repository(self, name: str) -> str:
+        """The repository's name on this host (Podman's registries.conf may move it)."""
+        return self.endpoint.repository(name)
 
     def url(self, path: str) -> str:
         """The URL of an API path ("/v2/..."): on this host, under the path its hosts.toml

@@ -47,7 +47,7 @@ def list_images(repository: Reference | str,
     ref = _repository_ref(repository)
     session = RegistrySession.for_reference(ref, options)
     try:
-        repo = RepositoryClient(session, ref.repository)
+        repo = RepositoryClient(session, session.repository(ref.repository))
         out = []
         for tag in sorted(repo.list_tags()):
             fetched = repo.get_manifest(tag, options.manifest_limit)
@@ -79,7 +79,7 @@ def delete_images(repository: Reference | str, digests: Collection[str],
     deleted: list[str] = []
     deleted_children: list[str] = []
     try:
-        repo = RepositoryClient(session, ref.repository)
+        repo = RepositoryClient(session, session.repository(ref.repository))
         for digest in sorted(set(digests) - spared):
             if repo.delete_manifest(digest):
                 deleted.append(digest)

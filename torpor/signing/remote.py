@@ -170,7 +170,7 @@ def sign_image(reference: str, digest: str, key: SigningKey,
     ref = parse_reference(reference)
     session = RegistrySession.for_reference(ref, options or RegistryOptions())
     try:
-        repo = RepositoryClient(session, ref.repository)
+        repo = RepositoryClient(session, session.repository(ref.repository))
         where = write_signature(repo, digest, f"{ref.registry}/{ref.repository}", key)
     finally:
         session.close()
