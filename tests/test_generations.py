@@ -341,3 +341,40 @@ def test_replicas_restored_at_once_download_one_copy(
         for replica in replicas:
             assert wait_counter_above(b, replica, at_checkpoint) > at_checkpoint
             assert "memhog" in exec_out(b, replica, "ps")
+
+
+def own_blobs(layout: Path) -> dict[str, int]:
+    """The blobs of an OCI layout that the checkpoint made (digest -> size): all but the base
+    image's layers (the runnable manifest's layers but its last, the read-write layer)."""
+    blobs = layout / "blobs" / "sha256"
+
+    def doc(digest: str) -> dict:  # type: ignore[type-arg]
+        return json.loads((blobs / digest.removeprefix("sha256:")).read_text())  # type: ignore[no-any-return]
+
+    index = doc(json.loads((layout / "index.json").read_text())["manifests"][0]["digest"])
+    runnable = next(doc(m["digest"]) for m in index["manifests"]
+                    if m.get("platform", {}).get("os") == "linux")
+    base = {layer["digest"].removeprefix("sha256:") for layer in runnable["layers"][:-1]}
+    return {p.name: p.stat().st_size for p in blobs.iterdir() if p.name not in base}
+
+
+def test_layouts_of_an_unchanged_container_share_their_packs(
+        gen_nodes: tuple[Node, Node], tmp_path: Path, test_image: dict[str, object]) -> None:
+    """Two standalone layouts (`-o DIR --oci`, no previous generation) of an idle container:
+    packs are cut by content, so the second shares nearly all of its blob bytes with the first
+    (a push to a registry holding the first sends only what changed)."""
+    a, _ = gen_nodes
+    name = "converge"
+    with containers(a) as names:
+        names.append(name)
+        a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "memhog", str(MEMORY_MIB))
+        wait_for(lambda: "memhog" in exec_out(a, name, "ps"), what="memhog")
+        time.sleep(1)  # filled
+        layouts = [tmp_path / "one", tmp_path / "two"]
+        for layout in layouts:
+            run_torpor(a, "checkpoint", name, "-o", str(layout), "--oci", "-R")
+    first, second = own_blobs(layouts[0]), own_blobs(layouts[1])
+    shared = sum(size for digest, size in second.items() if digest in first)
+    total = sum(second.values())
+    assert total > MEMORY_MIB << 20
+    assert shared >= 0.9 * total, (shared, total, len(first), len(second))

@@ -7,6 +7,15 @@ b"torpack1". The whole pack is therefore a valid zstd stream (`zstd -d` gives th
 concatenated), a pack can be read without any generation's index, and the same chunks in the
 same order always give the same bytes, so the same digest (for a given libzstd: chunks are
 matched by the digest of their plain bytes, so a new libzstd costs no deduplication).
+
+A chunk that does not compress (random memory, encrypted data; see `encode`) is stored as a
+**raw zstd frame**: the frame header (content size written, single segment) and the chunk's
+bytes in Raw blocks of at most 128 KiB, each behind its 3-byte block header. That is legal
+zstd (any zstd reads it, at memcpy speed), so the pack stays one zstd stream and the chunk
+index needs no new field: the choice is recorded in the frame itself, and `raw_content`
+recognises such a frame by its exact bytes, so a restore hashes and writes its bytes straight
+from the frame without a decompressor. It is written from the caller's buffer (writev), with
+no compression and no copy.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Sequence
 
 import zstandard
 
@@ -26,12 +36,72 @@ LEVEL = 1                    # zstd level: memory pages compress no better at 3 
 SKIPPABLE_MAGIC = 0x184D2A5E
 TRAILER_MAGIC = b"torpack1"
 _TRAILER = struct.Struct("<Q8s")
+RAW_BLOCK = 128 << 10        # zstd's largest block
+RAW_ABOVE = 0.9              # a chunk is stored raw unless zstd makes it at most 0.9 of its size
+SAMPLE = 4096                # bytes of each of the two pieces of the trial (start, middle)
+_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+_RAW_DESCRIPTOR = b"\xa0"    # single segment, 4-byte content size, no checksum, no dictionary
 
 
 def compressor(level: int = LEVEL) -> zstandard.ZstdCompressor:
     """The one compressor setting of packs (deterministic output for a given libzstd)."""
     return zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True,
                                     write_dict_id=False, threads=0)
+
+
+def raw_frame_length(plain_length: int) -> int:
+    """The length of the raw zstd frame of `plain_length` bytes."""
+    return 9 + 3 * max(1, -(-plain_length // RAW_BLOCK)) + plain_length
+
+
+def _raw_header(plain_length: int) -> bytes:
+    return _FRAME_MAGIC + _RAW_DESCRIPTOR + struct.pack("<I", plain_length)
+
+
+def _block_header(length: int, last: bool) -> bytes:
+    return (length << 3 | int(last)).to_bytes(3, "little")  # block type 0: Raw
+
+
+def raw_frame(data: memoryview) -> list[bytes | memoryview]:
+    """The pieces of the raw zstd frame of `data` (header, block headers, slices of `data`)."""
+    n = len(data)
+    pieces: list[bytes | memoryview] = [_raw_header(n)]
+    for start in range(0, max(n, 1), RAW_BLOCK):
+        end = min(n, start + RAW_BLOCK)
+        pieces += [_block_header(end - start, end == n), data[start:end]]
+    return pieces
+
+
+def raw_content(frame: bytes, plain_length: int) -> list[memoryview] | None:
+    """The bytes a raw zstd frame holds, as slices of `frame`; None when `frame` is not exactly
+    the raw frame of `plain_length` bytes torpor writes (then a decompressor reads it)."""
+    if len(frame) != raw_frame_length(plain_length) or not frame.startswith(
+            _raw_header(plain_length)):
+        return None
+    view = memoryview(frame)
+    slices, at = [], 9
+    for start in range(0, max(plain_length, 1), RAW_BLOCK):
+        length = min(RAW_BLOCK, plain_length - start)
+        if frame[at:at + 3] != _block_header(length, start + length == plain_length):
+            return None
+        slices.append(view[at + 3:at + 3 + length])
+        at += 3 + length
+    return slices
+
+
+def encode(zstd: zstandard.ZstdCompressor, data: memoryview) -> bytes | None:
+    """The chunk's zstd frame, or None when it is to be stored raw: when a trial on two
+    SAMPLE-byte pieces of it (its start and its middle; the whole of a small chunk) does not
+    shrink to RAW_ABOVE of their size, or the whole frame does not. The choice depends on the
+    chunk's bytes only, so the same chunk always gives the same frame."""
+    n = len(data)
+    if n > 4 * SAMPLE:
+        middle = n // 2 - n // 2 % SAMPLE
+        sample = bytes(data[:SAMPLE]) + bytes(data[middle:middle + SAMPLE])
+        if len(zstd.compress(sample)) > RAW_ABOVE * len(sample):
+            return None
+    frame: bytes = zstd.compress(data)
+    return frame if len(frame) <= RAW_ABOVE * n else None
 
 
 class PackWriter:
@@ -47,11 +117,19 @@ class PackWriter:
         self.entries: list[tuple[str, int, int, int]] = []
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
-        self.hasher.update(data)
-        self.size += len(data)
+        self._writev([data])
+
+    def _writev(self, pieces: Sequence[bytes | memoryview]) -> None:
+        views = [memoryview(p) for p in pieces]
+        for view in views:
+            self.hasher.update(view)
+            self.size += len(view)
+        while views:
+            written = os.writev(self.fd, views[:1024])
+            while views and written >= len(views[0]):
+                written -= len(views.pop(0))
+            if written:
+                views[0] = views[0][written:]
 
     def add(self, digest: str, frame: bytes, plain_length: int) -> int:
         """Append a chunk's frame; returns its offset."""
@@ -59,6 +137,14 @@ class PackWriter:
         self._write(frame)
         self.entries.append((digest, offset, len(frame), plain_length))
         return offset
+
+    def add_raw(self, digest: str, data: memoryview) -> tuple[int, int]:
+        """Append a chunk as a raw zstd frame, written from `data`; returns offset, length."""
+        offset = self.size
+        self._writev(raw_frame(data))
+        length = self.size - offset
+        self.entries.append((digest, offset, length, len(data)))
+        return offset, length
 
     def finish(self) -> PackRecord:
         index = PackIndex(tuple(self.entries)).to_json()

@@ -2,12 +2,22 @@
 already stored.
 
 `write_generation` cuts each file (chunker.py), hashes every chunk (sha256 of its bytes) and
-compresses, on worker threads, only the chunks that are not `known` (from the previous
-generation's index or from packs already stored); new chunks go into new packs of about
-`pack_target` bytes, in the order the files list them (files sorted by name), and the index
-refers to old packs by digest. Pack files are named by the hex of their sha256 (as in an OCI
-layout's blobs/sha256/). The same files and the same `known` give the same packs and index.
-A failed call leaves no temporary file; packs it finished stay (named by content, harmless).
+encodes, on worker threads, only the chunks that are not `known` (from the previous
+generation's index or from packs already stored): a zstd frame, or a raw frame for a chunk
+that does not compress (packfile.encode). New chunks go into new packs in the order the files
+list them (files sorted by name), and the index refers to old packs by digest. Pack files are
+named by the hex of their sha256 (as in an OCI layout's blobs/sha256/). The same files and the
+same `known` give the same packs and index. A failed call leaves no temporary file; packs it
+finished stay (named by content, harmless).
+
+Pack boundaries are content-defined, so that packs converge: two layouts of an unchanged
+container, or a generation written without its previous one, share nearly all their packs.
+A file of at least `PackSizing.smallest` bytes has packs of its own (the open pack is closed
+before its first new chunk and after its last); smaller files share packs. A pack ends after
+a chunk whose digest, read as a number, falls below a threshold proportional to the chunk's
+frame length, once the pack holds `min` bytes, or when it reaches `max`; so a changed chunk
+changes about one pack, and the next boundary is where it was. Sizes follow the file's size
+(`PackSizing.of`): about 1/64 of it on average, a power of two within [1 MiB, 32 MiB].
 
 `known_chunks(previous index)` leaves out the chunks of packs that are less than REPACK_BELOW
 in use, so they are stored again and long chains do not drag mostly dead packs along.
@@ -27,10 +37,44 @@ from typing import Any
 
 from torpor.formats.chunk_index import ChunkIndex, Chunking, ChunkRecord, FileRecord, PackRecord, safe_name
 from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams, MappedFile, Span
-from torpor.image.packfile import LEVEL, PackWriter, compressor, read_pack_index
+from torpor.image.packfile import LEVEL, PackWriter, compressor, encode, read_pack_index
 
-PACK_TARGET = 32 << 20       # a pack is closed once it holds this many bytes
+PACK_TARGET = 32 << 20       # the largest average pack (a 2 GiB file and more)
 REPACK_BELOW = 0.5           # chunks of a pack less than half in use are stored again (bench/chunks.py)
+RAW = b""                    # a worker's answer for a chunk to be stored raw (never a zstd frame)
+
+
+@dataclass(frozen=True)
+class PackSizes:
+    """A pack ends after a boundary chunk once it holds `min` bytes, or at `max` bytes."""
+
+    min: int
+    avg: int
+    max: int
+
+    def ends_pack(self, digest: str, length: int) -> bool:
+        """Whether a chunk (frame of `length` bytes) is a boundary: chance length/(avg-min),
+        so packs hold `avg` bytes on average."""
+        return int(digest[7:23], 16) < (length << 64) // (self.avg - self.min)
+
+
+@dataclass(frozen=True)
+class PackSizing:
+    """Pack sizes by file size: average 1/`per_file` of the file, rounded down to a power of
+    two, within [smallest, largest]; min avg/4, max 4*avg. Files under `smallest` share packs
+    of the smallest sizes. Coarse steps, so that files of about the same size pack alike."""
+
+    smallest: int = 1 << 20
+    largest: int = PACK_TARGET
+    per_file: int = 64
+
+    def of(self, file_size: int) -> PackSizes:
+        avg = 1 << max(0, (file_size // self.per_file).bit_length() - 1)
+        avg = min(self.largest, max(self.smallest, avg))
+        return PackSizes(avg // 4, avg, 4 * avg)
+
+
+DEFAULT_SIZING = PackSizing()
 
 
 @dataclass(frozen=True)
@@ -97,6 +141,7 @@ class _Hasher:
         self.local = threading.local()
 
     def chunk(self, view: memoryview) -> tuple[str, int, bytes | None]:
+        """(digest, length, its frame or RAW, or None when known or encoded by another)."""
         try:
             digest = "sha256:" + hashlib.sha256(view).hexdigest()
             if digest in self.known:
@@ -104,15 +149,16 @@ class _Hasher:
             with self.lock:
                 first = digest not in self.claimed
                 self.claimed.add(digest)
-            return digest, len(view), self.compress(view) if first else None
+            return digest, len(view), self.encode(view) if first else None
         finally:
             view.release()
 
-    def compress(self, data: memoryview | bytes) -> bytes:
+    def encode(self, data: memoryview) -> bytes:
+        """The chunk's zstd frame, or RAW."""
         if not hasattr(self.local, "zstd"):
             self.local.zstd = compressor(self.level)
-        frame: bytes = self.local.zstd.compress(data)
-        return frame
+        frame = encode(self.local.zstd, data)
+        return RAW if frame is None else frame
 
 
 def _whole_digest(view: memoryview) -> str:
@@ -125,10 +171,12 @@ def _whole_digest(view: memoryview) -> str:
 class _Generation:
     """The state of one write_generation call (chunks placed so far, the open pack)."""
 
-    def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], pack_target: int,
+    def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], sizing: PackSizing,
                  on_pack: Callable[[PackRecord], None] | None = None) -> None:
-        self.pack_dir, self.known, self.pack_target = pack_dir, known, pack_target
+        self.pack_dir, self.known, self.sizing = pack_dir, known, sizing
         self.on_pack = on_pack
+        self.sizes = sizing.of(0)
+        self.own = False          # the file being placed has packs of its own
         self.placed: dict[str, tuple[int, int, int, int]] = {}  # digest -> slot, offset, len, plain
         self.slots: list[PackRecord | None] = []                # None: the pack being written
         self.slot_of: dict[str, int] = {}
@@ -149,18 +197,32 @@ class _Generation:
                 self.slots.append(PackRecord(old.pack, old.pack_size))
             self.placed[digest] = (self.slot_of[old.pack], old.offset, old.length, plain)
             return
-        if frame is None:  # a duplicate whose first copy was compressed later in the queue
-            frame = hasher.compress(view)
+        if frame is None:  # a duplicate whose first copy was encoded later in the queue
+            frame = hasher.encode(view)
         if self.writer is None:
             self.writer = PackWriter(self.pack_dir)
             self.writer_slot = len(self.slots)
             self.slots.append(None)
-        offset = self.writer.add(digest, frame, plain)
-        self.placed[digest] = (self.writer_slot, offset, len(frame), plain)
+        if frame == RAW:
+            offset, length = self.writer.add_raw(digest, view)
+        else:
+            offset, length = self.writer.add(digest, frame, plain), len(frame)
+        self.placed[digest] = (self.writer_slot, offset, length, plain)
         self.new_bytes += plain
         self.new_chunks += 1
-        if self.writer.size >= self.pack_target:
+        size = self.writer.size
+        if size >= self.sizes.max or (size >= self.sizes.min
+                                      and self.sizes.ends_pack(digest, length)):
             self.close_pack()
+
+    def begin_file(self, size: int) -> None:
+        """A file of `size` bytes comes next: one with packs of its own closes the open pack
+        (and the next file closes its last)."""
+        own = size >= self.sizing.smallest
+        if own or self.own:
+            self.close_pack()
+        self.own = own
+        self.sizes = self.sizing.of(size if own else 0)
 
     def close_pack(self) -> None:
         if self.writer is not None:
@@ -201,17 +263,18 @@ class _Generation:
 def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                      known: Mapping[str, ChunkLocation] | None = None,
                      params: ChunkerParams = DEFAULT_PARAMS, level: int = LEVEL,
-                     pack_target: int = PACK_TARGET, workers: int = 0,
+                     sizing: PackSizing = DEFAULT_SIZING, workers: int = 0,
                      on_pack: Callable[[PackRecord], None] | None = None) -> WrittenGeneration:
     """Chunk the files `names` (relative to `root`) into new packs under `pack_dir`, storing
     only chunks that are not `known`; returns the generation's index, its new packs, figures.
+    `sizing` says how big packs are (PackSizing).
     `on_pack` hears of each new pack as soon as it is whole (<pack_dir>/<hex of its digest>),
     so that it can be uploaded while the next ones are cut."""
     started = time.monotonic()
     known = known or {}
     workers = workers or os.cpu_count() or 1
     hasher = _Hasher(known, level)
-    gen = _Generation(pack_dir, known, pack_target, on_pack)
+    gen = _Generation(pack_dir, known, sizing, on_pack)
     files: list[tuple[str, int, str, list[str | int]]] = []
     total = zero = 0
     try:
@@ -219,6 +282,7 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
             for name in sorted(set(names)):
                 safe_name(name)
                 with MappedFile(os.path.join(root, name)) as mapped:
+                    gen.begin_file(mapped.size)
                     extents: list[str | int] = []
                     whole: Future[str] = pool.submit(_whole_digest, mapped.whole())
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
@@ -259,7 +323,7 @@ def _settle(item: tuple[Future[tuple[str, int, bytes | None]], int, int], extent
     future, slot, offset = item
     digest, plain, frame = future.result()
     extents[slot] = digest
-    view = mapped.view(Span(offset, plain)) if frame is None else memoryview(b"")
+    view = mapped.view(Span(offset, plain)) if not frame else memoryview(b"")  # None or RAW
     try:
         gen.place(digest, plain, frame, hasher, view)
     finally:

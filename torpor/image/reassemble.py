@@ -10,7 +10,10 @@ DigestMismatch naming the pack. A file is its chunks and zero runs in the order 
 (digest-checked itself) lists them, so its bytes are checked once, chunk by chunk; its length
 must come out as the index says. (The file's own sha256 in the index is not computed again:
 that was a second pass over every byte, the slowest step of a restore.) Chunks are read and
-decompressed on worker threads (zstd and sha256 release the GIL), several files at once.
+decompressed on worker threads (zstd and sha256 release the GIL), several files at once; a
+chunk stored raw (packfile.raw_content) is hashed straight from the frame read and its blocks
+joined, without a decompressor (one pwrite of the joined bytes was measured faster on tmpfs
+than a pwritev of the blocks in place).
 On any failure, the files and directories this call created are removed.
 """
 
@@ -28,6 +31,7 @@ import zstandard
 
 from torpor.errors import DigestMismatch, ImageError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
+from torpor.image.packfile import raw_content
 
 PackPath = Callable[[str], str]
 _IN_FLIGHT_BYTES = 32 << 20   # per file being rebuilt
@@ -44,7 +48,7 @@ class RestoreLimits:
     max_chunks: int = 1 << 24
     max_chunk_size: int = 16 << 20   # plain; torpor writes at most 1 MiB
     max_packs: int = 1 << 16
-    max_pack_size: int = 1 << 30     # torpor writes about 32 MiB
+    max_pack_size: int = 1 << 30     # torpor writes at most 128 MiB (packs.py)
 
 
 def check_limits(index: ChunkIndex, limits: RestoreLimits) -> None:
@@ -121,6 +125,15 @@ class _Packs:
         frame = os.pread(self.fds[chunk.pack], chunk.length, chunk.offset)
         if len(frame) != chunk.length:
             raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
+        raw = raw_content(frame, chunk.plain_length)
+        if raw is not None:
+            hasher = hashlib.sha256()
+            for piece in raw:
+                hasher.update(piece)
+            if "sha256:" + hasher.hexdigest() != chunk.digest:
+                raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not "
+                                     f"match its digest {chunk.digest} (the pack is damaged)")
+            return b"".join(raw)
         try:
             if zstandard.frame_content_size(frame) != chunk.plain_length:
                 raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset "
