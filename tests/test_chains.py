@@ -211,7 +211,9 @@ def test_a_to_b_to_c_through_a_registry(nodes: Nodes, session_dir: Path,
         # B built generation 2 on generation 1 (pulled into its store by the restore) and sent
         # only the blobs the registry lacked: a few chunks, the small layers, the metadata
         assert gen2["previous"] == ref1
-        sent1, sent2 = gen1["pushed"]["bytes_uploaded"], gen2["pushed"]["bytes_uploaded"]
+        # (measured against what generation 1 stores: the registry, shared by the runs on each
+        # containerd, may hold most of its packs already, since packs converge: issue 21)
+        sent1, sent2 = gen1["compressed_bytes"], gen2["pushed"]["bytes_uploaded"]
         assert sent2 < 0.2 * sent1, (sent1, sent2)
         run_torpor(c, "restore", ref2)
         assert kv_ask(c, name, "GET born") == "a" and kv_ask(c, name, "GET moved") == "b"
