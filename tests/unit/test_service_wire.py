@@ -4,8 +4,8 @@ a socketpair, no daemon."""
 from __future__ import annotations
 
 import os
-import socket
 import signal
+import socket
 
 import pytest
 
