@@ -68,9 +68,12 @@ class Torpord:
             return []
         return [int(pid) for pid in text.split()]
 
-    def count(self, command: str, result: str = "success") -> float:
+    def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            text = r.read().decode()
+            return str(r.read().decode())
+
+    def count(self, command: str, result: str = "success") -> float:
+        text = self.metrics_text()
         wanted = f'torpor_commands_total{{command="{command}",result="{result}"}} '
         for line in text.splitlines():
             if line.startswith(wanted):
@@ -138,7 +141,8 @@ def test_checkpoint_and_restore_with_and_without_the_service(
         assert resumed >= counted
         wait_counter_above(node, f"{name}-b", resumed + 5)
     ran = 1 if through == "service" else 0
-    assert {c: torpord.count(c) for c in before} == {c: n + ran for c, n in before.items()}
+    assert {c: torpord.count(c) for c in before} == {c: n + ran for c, n in before.items()}, \
+        torpord.metrics_text()
 
 
 def test_a_failing_command_reads_the_same_either_way(service_node: Node, torpord: Torpord,

@@ -57,8 +57,10 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
             except BaseException:  # a closed pipe: nothing more to say there
                 pass
         # from here on the status stands: a SIGTERM the service sends when the caller, told it,
-        # hangs up must not turn it into 143
-        signal.pthread_sigmask(signal.SIG_BLOCK, handoff.FORWARDED_SIGNALS)
+        # hangs up must not turn it into 143 (ignored for the process: a mask would be this
+        # thread's only, and grpc's threads would take the signal)
+        for signum in handoff.FORWARDED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         try:
             conn.sendall(handoff.encode({"exit": status}))
         except OSError:

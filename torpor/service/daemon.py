@@ -77,9 +77,10 @@ class Service:
                     if key.data == "accept":
                         self.accept()
                     elif key.data == "child":
-                        self.reap(self.jobs[key.fd])
-                    else:
-                        self.caller_gone(key.data)
+                        if key.fd in self.jobs:
+                            self.reap(self.jobs[key.fd])
+                    elif key.data.pidfd in self.jobs and not key.data.caller_gone:
+                        self.caller_gone(key.data)  # not one reaped earlier in this batch
         except Stop:
             pass
         finally:
@@ -89,23 +90,29 @@ class Service:
                 os.unlink(self.path)
 
     def accept(self) -> None:
+        """Refusals only before "accepted": after it, the command is the child's."""
         conn, _ = self.listener.accept()
         try:
-            self.start(conn)
+            request = self.read_request(conn)
         except (OSError, handoff.ProtocolError) as e:
             try:
                 conn.sendall(handoff.encode({"refused": f"torpord: {e}"}))
             except OSError:
                 pass
             conn.close()
+            return
+        if request is not None:
+            self.start(conn, *request)
 
-    def start(self, conn: socket.socket) -> None:
+    def read_request(self, conn: socket.socket,
+                     ) -> tuple[list[int], list[str], dict[str, str], str, int] | None:
+        """The peer's fds and request, "accepted" sent; None where the peer was refused."""
         _pid, uid, _gid = peer.peer_credentials(conn)
         why = peer.refusal(uid)
         if why is not None:
             conn.sendall(handoff.encode({"refused": why}))
             conn.close()
-            return
+            return None
         conn.settimeout(10)
         data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
         try:
@@ -115,6 +122,15 @@ class Service:
             argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
             conn.settimeout(None)
             conn.sendall(handoff.encode({"accepted": True}))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds, argv, env, cwd, umask
+
+    def start(self, conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str],
+              cwd: str, umask: int) -> None:
+        try:
             close = [self.listener.fileno(), self.selector.fileno(),
                      *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
             metrics_fd = self.metrics.listening_fd()
