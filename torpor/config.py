@@ -98,6 +98,13 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                             "Podman's registry configuration (mirrors, locations), for "
                             'registries no hosts.toml names; "" for none'),
     },
+    "service": {
+        "socket": (str, "/run/torpor/torpord.sock",
+                   "torpord's control socket (mode 0600, root's); the CLI hands its commands "
+                   "to torpord when it answers (docs/service.md)"),
+        "metrics": (str, "127.0.0.1:9477",
+                    'torpord\'s Prometheus metrics, HOST:PORT; "" for none'),
+    },
 }
 
 
@@ -108,7 +115,7 @@ _ABSOLUTE_PATHS = (
     ("image", "store"), ("image", "signing_key"), ("restore", "hooks"),
     ("restore", "mount_sources"), ("restore", "trusted_keys"), ("registry", "docker_config"),
     ("registry", "ca_file"), ("registry", "hosts_dir"),
-    ("registry", "registries_conf"),
+    ("registry", "registries_conf"), ("service", "socket"),
 )
 
 
@@ -157,6 +164,8 @@ class Config:
         "runtime_log_dir",
         "runtime_path",
         "runtime_state_dir",
+        "service_metrics",
+        "service_socket",
     )
 
     runtime_path: str
@@ -199,6 +208,8 @@ class Config:
     registry_insecure: list[str]
     registry_hosts_dir: str
     registry_registries_conf: str
+    service_socket: str
+    service_metrics: str
     path: str | None
 
     def __init__(self, values: dict[str, Any] | None = None, path: str | None = None) -> None:

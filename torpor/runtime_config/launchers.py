@@ -45,7 +45,8 @@ exec "$shim" "$@"
 ENTRY_POINTS = {
     "torpor-runc": "torpor.shim.main",
     "torpor-hook": "torpor.oci_hooks.main",
-    "torpor": "torpor.cli.main",
+    "torpor": "torpor.cli.handoff",
+    "torpord": "torpor.service.daemon",
 }
 
 

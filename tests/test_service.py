@@ -1,0 +1,226 @@
+"""torpord (docs/service.md) against a real containerd, runc and CRIU: the CLI hands its commands
+to the service when it answers and runs them itself when it does not (or TORPOR_NO_SERVICE=1),
+with the same results; the metrics count what the service ran; a peer other than root is
+refused; a SIGKILL of the service in the middle of a checkpoint leaves nothing frozen."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torpor.cli import handoff
+
+from .conftest import Nodes
+from .support.containerd import Node
+from .support.processes import free_port, kill_pid, wait_for
+from .support.workload import (
+    COUNTER,
+    containers,
+    freezer_state,
+    read_counter,
+    task_pid,
+    task_status,
+    wait_counter_above,
+)
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+NO_SERVICE = {"TORPOR_NO_SERVICE": "1"}
+
+
+class Torpord:
+    """torpord on the node's configuration, started and stopped by pid."""
+
+    def __init__(self, node: Node, socket_path: Path, metrics_port: int, log: Path) -> None:
+        self.node, self.socket, self.port, self.log = node, socket_path, metrics_port, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Torpord:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([str(self.node.bin_dir / "torpord")], env=self.node.env,
+                                         stdout=log, stderr=log, start_new_session=True)
+        wait_for(lambda: handoff.connect(str(self.socket)), timeout=60, what="torpord's socket")
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+
+    def children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    def count(self, command: str, result: str = "success") -> float:
+        text = self.metrics_text()
+        wanted = f'torpor_commands_total{{command="{command}",result="{result}"}} '
+        for line in text.splitlines():
+            if line.startswith(wanted):
+                return float(line.split()[-1])
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def service_node(nodes: Nodes, session_dir: Path) -> Node:
+    base = session_dir / "service"
+    base.mkdir()
+    port = free_port()
+    config = base / "node.toml"
+    config.write_text(f'[runtime]\nstate_dir = "{base}/state"\nlog_dir = "{base}/state-logs"\n'
+                      f'[image]\nstore = "{base}/store"\n'
+                      f'[service]\nsocket = "{base}/torpord.sock"\n'
+                      f'metrics = "127.0.0.1:{port}"\n')
+    node = nodes.start("service", config=config)
+    node.extra_env["TORPOR_TEST_METRICS_PORT"] = str(port)
+    return node
+
+
+@pytest.fixture(scope="module")
+def torpord(service_node: Node, session_dir: Path) -> Iterator[Torpord]:
+    base = session_dir / "service"
+    service = Torpord(service_node, base / "torpord.sock",
+                      int(service_node.extra_env["TORPOR_TEST_METRICS_PORT"]),
+                      base / "torpord.log").start()
+    yield service
+    service.stop()
+
+
+def torpor(node: Node, *args: str, env: dict[str, str] | None = None, check: bool = True,
+           ) -> subprocess.CompletedProcess[str]:
+    cmd = [str(node.bin_dir / "torpor"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
+                            timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
+                             f"{result.stdout}{result.stderr}")
+    return result
+
+
+def test_the_socket_is_roots_alone(torpord: Torpord) -> None:
+    assert (torpord.socket.stat().st_mode & 0o777) == 0o600
+
+
+@pytest.mark.parametrize("through", ["service", "in-process"])
+def test_checkpoint_and_restore_with_and_without_the_service(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object], tmp_path: Path,
+        through: str) -> None:
+    node = service_node
+    env = NO_SERVICE if through == "in-process" else {}
+    name = f"svc-{through}"
+    before = {c: torpord.count(c) for c in ("checkpoint", "restore")}
+    with containers(node) as names:
+        names += [name, f"{name}-b"]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        counted = wait_counter_above(node, name, 10)
+        result = torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"), "--json", env=env)
+        assert json.loads(result.stdout)["sizes"]["memory_pages"] > 0  # stdout came back whole
+        assert task_status(node, name) == "STOPPED"
+        torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b", env=env)
+        resumed = read_counter(node, f"{name}-b")
+        assert resumed >= counted
+        wait_counter_above(node, f"{name}-b", resumed + 5)
+    ran = 1 if through == "service" else 0
+    assert {c: torpord.count(c) for c in before} == {c: n + ran for c, n in before.items()}, \
+        torpord.metrics_text()
+
+
+def test_a_failing_command_reads_the_same_either_way(service_node: Node, torpord: Torpord,
+                                                     tmp_path: Path) -> None:
+    failures = torpord.count("restore", "failure")
+    missing = ["restore", str(tmp_path / "no-such-checkpoint"), "--name", "svc-missing"]
+    served = torpor(service_node, *missing, check=False)
+    local = torpor(service_node, *missing, env=NO_SERVICE, check=False)
+    assert served.returncode != 0
+    assert (served.returncode, served.stdout, served.stderr) == \
+        (local.returncode, local.stdout, local.stderr)
+    assert torpord.count("restore", "failure") == failures + 1
+
+
+def connect_as_nobody(path: Path) -> str:
+    """What a process of uid 65534 gets from connecting to `path`: the service's first line,
+    or the error that stopped it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(str(path))
+                answer = sock.recv(65536).decode()
+        except OSError as e:
+            answer = f"{type(e).__name__}: {e}"
+        os.write(write_end, answer.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        answer = f.read().decode()
+    os.waitpid(pid, 0)
+    return answer
+
+
+def test_a_peer_other_than_root_is_refused(torpord: Torpord) -> None:
+    assert connect_as_nobody(torpord.socket).startswith("PermissionError")  # the mode first
+    os.chmod(torpord.socket, 0o666)  # then the credentials, where the mode would let it in
+    try:
+        answer = handoff.decode(connect_as_nobody(torpord.socket).strip().encode())
+    finally:
+        os.chmod(torpord.socket, 0o600)
+    assert "uid 65534" in answer["refused"] and "root only" in answer["refused"]
+
+
+def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object],
+        tmp_path: Path) -> None:
+    """SIGKILL of torpord while a checkpoint's child runs: the child is no child of the
+    service's life, it finishes and reports to the CLI itself; the container ends checkpointed
+    (stopped, its checkpoint whole) or running, never frozen. Runs last: it restarts torpord."""
+    node = service_node
+    name = "svc-killed"
+    with containers(node) as names:
+        names += [name]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        wait_counter_above(node, name, 5)
+        pid = task_pid(node, name)
+        cli = subprocess.Popen([str(node.bin_dir / "torpor"), "checkpoint", name, "-o",
+                                str(tmp_path / "ck")], env=node.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        wait_for(torpord.children, timeout=30, interval=0.01, what="the checkpoint's child")
+        time.sleep(0.3)  # into the checkpoint: the container's record, the dump
+        kill_pid(torpord.pid)
+        assert torpord.proc is not None
+        torpord.proc.wait(10)
+        out, err = cli.communicate(timeout=300)
+        status = task_status(node, name)
+        if cli.returncode == 0:
+            assert status == "STOPPED", (status, err)
+            assert (tmp_path / "ck" / "checkpoint.json").is_file()
+        else:
+            assert status == "RUNNING", (status, out, err)
+        if status == "RUNNING":
+            assert freezer_state(pid) != "FROZEN"
+    torpord.start()  # a stale socket file is no obstacle
+    assert torpor(node, "ls").returncode == 0

@@ -1,0 +1,216 @@
+"""torpord's loop: one thread, one selector over the control socket, the callers' connections
+and a pidfd per child, so every fork happens in the one thread there is.
+
+A connection: the peer is checked (peer.py), its request read with fds 0, 1, 2, "accepted"
+sent, a child forked (child.py), its pid sent. The child reports its own exit status, so a
+torpord killed meanwhile loses no answer; the service answers for a child killed by a signal,
+and records every child's status and time in the metrics. A caller that goes away (its
+connection closes) has its command sent SIGTERM, as a terminal closing on an in-process
+command would. SIGTERM stops the service: the socket goes, running commands run on.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+from torpor import config
+from torpor.cli import handoff
+from torpor.cli.main import LAZY_COMMANDS
+from torpor.errors import ConfigError, TorporError
+from torpor.service import child, peer
+from torpor.service.metrics import Metrics, command_of, exit_status
+
+
+class Stop(Exception):
+    """SIGTERM or SIGINT: close the socket, leave the children to finish."""
+
+
+@dataclass
+class Job:
+    pid: int
+    pidfd: int
+    conn: socket.socket
+    command: str
+    started: float
+    caller_gone: bool = False
+
+
+def listen(path: str) -> socket.socket:
+    """The control socket at `path`, mode 0600; refused where a live torpord holds it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if os.path.exists(path):
+        if handoff.connect(path) is not None:
+            raise TorporError(f"another torpord answers on {path}")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+class Service:
+    def __init__(self, socket_path: str, metrics: Metrics) -> None:
+        self.path = socket_path
+        self.metrics = metrics
+        self.selector = selectors.DefaultSelector()
+        self.listener = listen(socket_path)
+        self.jobs: dict[int, Job] = {}  # pidfd -> job
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+
+    def serve(self) -> None:
+        try:
+            while True:
+                for key, _ in self.selector.select():
+                    if key.data == "accept":
+                        self.accept()
+                    elif key.data == "child":
+                        if key.fd in self.jobs:
+                            self.reap(self.jobs[key.fd])
+                    elif key.data.pidfd in self.jobs and not key.data.caller_gone:
+                        self.caller_gone(key.data)  # not one reaped earlier in this batch
+        except Stop:
+            pass
+        finally:
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            if os.path.exists(self.path):
+                os.unlink(self.path)
+
+    def accept(self) -> None:
+        """Refusals only before "accepted": after it, the command is the child's."""
+        conn, _ = self.listener.accept()
+        try:
+            request = self.read_request(conn)
+        except (OSError, handoff.ProtocolError) as e:
+            try:
+                conn.sendall(handoff.encode({"refused": f"torpord: {e}"}))
+            except OSError:
+                pass
+            conn.close()
+            return
+        if request is not None:
+            self.start(conn, *request)
+
+    def read_request(self, conn: socket.socket,
+                     ) -> tuple[list[int], list[str], dict[str, str], str, int] | None:
+        """The peer's fds and request, "accepted" sent; None where the peer was refused."""
+        _pid, uid, _gid = peer.peer_credentials(conn)
+        why = peer.refusal(uid)
+        if why is not None:
+            conn.sendall(handoff.encode({"refused": why}))
+            conn.close()
+            return None
+        conn.settimeout(10)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+        try:
+            line = handoff.LineReader(conn, data).line()
+            if line is None or len(fds) != 3:
+                raise handoff.ProtocolError("a request needs one line and fds 0, 1 and 2")
+            argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
+            conn.settimeout(None)
+            conn.sendall(handoff.encode({"accepted": True}))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds, argv, env, cwd, umask
+
+    def start(self, conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str],
+              cwd: str, umask: int) -> None:
+        try:
+            close = [self.listener.fileno(), self.selector.fileno(),
+                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
+            metrics_fd = self.metrics.listening_fd()
+            if metrics_fd is not None:
+                close.append(metrics_fd)
+            started = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                child.run(conn, fds, argv, env, cwd, umask, close)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv), started)
+        self.jobs[job.pidfd] = job
+        self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
+        self.selector.register(conn, selectors.EVENT_READ, job)
+        try:
+            conn.sendall(handoff.encode({"pid": pid}))
+        except OSError:
+            pass
+
+    def caller_gone(self, job: Job) -> None:
+        """The caller's connection is readable: it sends nothing more, so it closed."""
+        self.selector.unregister(job.conn)
+        job.caller_gone = True
+        try:
+            os.kill(job.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def reap(self, job: Job) -> None:
+        _, wait_status = os.waitpid(job.pid, 0)
+        status = exit_status(wait_status)
+        self.metrics.record(job.command, status, time.monotonic() - job.started)
+        self.selector.unregister(job.pidfd)
+        os.close(job.pidfd)
+        del self.jobs[job.pidfd]
+        if not job.caller_gone:
+            self.selector.unregister(job.conn)
+            if os.WIFSIGNALED(wait_status):  # the child could not say it
+                try:
+                    job.conn.sendall(handoff.encode({"exit": status}))
+                except OSError:
+                    pass
+        job.conn.close()
+
+
+def warm_up() -> None:
+    """Import every command once, so that each child starts with them loaded."""
+    for module, _ in LAZY_COMMANDS.values():
+        importlib.import_module(module)
+    gc.collect()
+    gc.freeze()  # what the imports made stays shared with the children (copy-on-write)
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise Stop()
+
+
+def main() -> int:
+    try:
+        cfg = config.load()
+        if not cfg.service_socket:
+            raise ConfigError("[service] socket is empty: torpord needs a socket to listen on")
+        warm_up()
+        metrics = Metrics()
+        if cfg.service_metrics:
+            metrics.serve(cfg.service_metrics)
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        service = Service(cfg.service_socket, metrics)
+    except (TorporError, OSError) as e:
+        sys.stderr.write(f"torpord: error: {e}\n")
+        return e.exit_code if isinstance(e, TorporError) else 1
+    sys.stderr.write(f"torpord: listening on {cfg.service_socket}"
+                     + (f", metrics on http://{cfg.service_metrics}/metrics\n"
+                        if cfg.service_metrics else "\n"))
+    service.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
