@@ -73,7 +73,15 @@ def test_checkpoint_create_and_start_bring_the_state_back(
         assert [v.destination for v in state.files.volumes] == ["/data"]
         (volume / "f").unlink()  # as a fresh volume would be
 
-        nerd("start", "--checkpoint", "ck1", "web")
+        started = nerd("start", "--checkpoint", "ck1", "web", check=False)
+        if started.returncode != 0 and "content digest" in started.stderr \
+                and "not found" in started.stderr:
+            # seen once in three full runs on containerd 2.1, never alone: the tar of the
+            # checkpoint nerdctl 2.3 uploads (taskutil.NewTask) was gone from containerd's
+            # content store when the task read it. Nothing of torpor's is in that path; a
+            # second start finds it, as a user's would.
+            started = nerd("start", "--checkpoint", "ck1", "web", check=False)
+        assert started.returncode == 0, started.stderr
         assert client.ask("GET greeting") == "hello"  # the same connection, the same server
         assert client.ask("INCR hits") == "1"
         resumed = nerd.counter("web")
