@@ -147,11 +147,12 @@ def container_name(request: pytest.FixtureRequest) -> str:
     return name[-40:].strip("-")
 
 
-def run_torpor(node: Node, *args: str, check: bool = True,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The torpor CLI against `node`, as a user runs it."""
+def run_torpor(node: Node, *args: str, check: bool = True, timeout: float = 300,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The torpor CLI against `node`, as a user runs it (`env`: added to the node's)."""
     cmd = [str(node.bin_dir / "torpor"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=node.env, timeout=timeout)
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
+                            timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
                              f"{result.stdout}{result.stderr}")

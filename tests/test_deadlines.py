@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Nodes
+from .conftest import Nodes, run_torpor
 from .support.containerd import Node
 from .support.processes import wait_for
 from .support.workload import (
@@ -79,13 +79,7 @@ def state_dir(node: Node) -> Path:
     return node.root.parent.parent / "deadlines-state"
 
 
-def torpor(node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [str(node.bin_dir / "torpor"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=node.env, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
-                             f"{result.stdout}{result.stderr}")
-    return result
+torpor = run_torpor   # (tests/conftest.py)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Nodes
+from .conftest import Nodes, run_torpor
 from .support import oci_edit
 from .support.containerd import Node
 from .support.registry import Registry, docker_config
@@ -61,15 +61,7 @@ def registries(session_dir: Path) -> Iterator[dict[str, Registry]]:
         registry.stop()
 
 
-def torpor(node: Node, *args: str, check: bool = True, env: dict[str, str] | None = None,
-           ) -> subprocess.CompletedProcess[str]:
-    cmd = [str(node.bin_dir / "torpor"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
-                            timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
-                             f"{result.stdout}{result.stderr}")
-    return result
+torpor = run_torpor   # (tests/conftest.py)
 
 
 @pytest.mark.parametrize("kind", ["plain", "basic", "tls"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Nodes
+from .conftest import Nodes, run_torpor
 from .support import ecosystem
 from .support.containerd import Node
 from .support.workload import COUNTER, containers, read_counter, wait_counter_above
@@ -24,15 +24,7 @@ pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 
 
-def torpor(node: Node, *args: str, env: dict[str, str] | None = None,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [str(node.bin_dir / "torpor"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
-                            timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
-                             f"{result.stdout}{result.stderr}")
-    return result
+torpor = run_torpor   # (tests/conftest.py)
 
 
 def version_of(runc: str) -> str:

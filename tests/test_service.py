@@ -19,7 +19,7 @@ import pytest
 
 from torpor.cli import handoff
 
-from .conftest import Nodes
+from .conftest import Nodes, run_torpor
 from .support.containerd import Node
 from .support.processes import free_port, kill_pid, wait_for
 from .support.workload import (
@@ -106,15 +106,7 @@ def torpord(service_node: Node, session_dir: Path) -> Iterator[Torpord]:
     service.stop()
 
 
-def torpor(node: Node, *args: str, env: dict[str, str] | None = None, check: bool = True,
-           ) -> subprocess.CompletedProcess[str]:
-    cmd = [str(node.bin_dir / "torpor"), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**node.env, **(env or {})},
-                            timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n"
-                             f"{result.stdout}{result.stderr}")
-    return result
+torpor = run_torpor   # (tests/conftest.py)
 
 
 def test_the_socket_is_roots_alone(torpord: Torpord) -> None:
