@@ -152,11 +152,11 @@ class Store:
         return out
 
     @contextmanager
-    def downloading(self, digest: str, waiting: Callable[[], None] = lambda: None
+    def downloading(self, digest: str, waiting: Callable[[str], None] = lambda _: None
                     ) -> Iterator[None]:
         """One download of the image `digest` at a time on this node: restores and pulls of
         one image started together wait for the first, whose layers they then find in the
-        store (`waiting` is called first if they wait). The lock file goes with its holder: a
+        store (`waiting` is told so, in words, if they wait). The lock file goes with its holder: a
         waiter that wakes on a removed one takes the lock again on the new file."""
         locks = self.root / "locks"
         locks.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -168,7 +168,8 @@ class Store:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if not told:
-                    waiting()
+                    waiting("waiting for the download of this image by another restore or "
+                            "pull on this node")
                     told = True
                 fcntl.flock(fd, fcntl.LOCK_EX)
             try:

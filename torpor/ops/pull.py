@@ -15,7 +15,6 @@ rename: a failed pull leaves the previous copy as it was.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +61,7 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
             unpack.check_keys(image, keys)
         check_download_space(plan, cfg)
         with contextlib.ExitStack() as staged:
-            staged.enter_context(store.downloading(plan.top.descriptor.digest, functools.partial(
-                progress.step, "waiting for the download of this image by another restore or "
-                "pull on this node")))
+            staged.enter_context(store.downloading(plan.top.descriptor.digest, progress.step))
             layout = out or str(staged.enter_context(store.staging(ref)))
             hold = staged.enter_context(store.scratch())  # what the store has: linked
             held = generation.hold_for_pull(plan, store, hold)

@@ -40,7 +40,6 @@ The checkpoint itself is only read.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import secrets
@@ -224,9 +223,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
-                waiting = functools.partial(progress.step, "waiting for the download of this "
-                                            "image by another restore or pull on this node")
-                with store.downloading(plan.top.descriptor.digest, waiting), \
+                with store.downloading(plan.top.descriptor.digest, progress.step), \
                         store.staging(source) as staged:  # the previous copy stays till whole
                     held = generation.hold_for_pull(plan, store, scratch / "held")
                     layers = generation.place_for_pull(plan, held, staged)  # the store has them
