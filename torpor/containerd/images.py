@@ -95,16 +95,13 @@ def ensure_unpacked(client: Client, snapshotter: str, chain: BaseImage) -> int:
                     media_type=layer.media_type, digest=layer.digest, size=layer.size), mounts)
                 client.commit_snapshot(snapshotter, chain_id, key,
                                        labels={"containerd.io/snapshot.ref": chain_id})
-            except AlreadyExists:   # another unpack committed it first: the same content
+            except BaseException as e:
                 with contextlib.suppress(NotFound):
                     client.remove_snapshot(snapshotter, key)
-                parent = chain_id
-                continue
-            except BaseException:
-                with contextlib.suppress(NotFound):
-                    client.remove_snapshot(snapshotter, key)
-                raise
-            applied += 1
+                if not isinstance(e, AlreadyExists):
+                    raise   # else another unpack committed it first: the same content
+            else:
+                applied += 1
         parent = chain_id
     if ids:  # keep the unpacked snapshots alive as long as the image's config is
         client.label_content(chain.config_digest,
