@@ -58,7 +58,16 @@ def read_one(path: str, magic_name: str, message: str) -> Any:
     return entries[0]
 
 
-def _records(path: str, magic_name: str, message: str) -> Iterator[Any]:
+def read_headed(path: str, magic_name: str, head: str, message: str) -> tuple[Any, list[Any]]:
+    """An image whose first record is a `head` and the rest `message`s (pagemap-*.img)."""
+    records = _records(path, magic_name, message, head)
+    first = next(records, None)
+    if first is None:
+        raise FormatError(f"the CRIU image {os.path.basename(path)} has no {head} record")
+    return first, list(records)
+
+
+def _records(path: str, magic_name: str, message: str, head: str | None = None) -> Iterator[Any]:
     pb, magic = definitions()
     name = os.path.basename(path)
     try:
@@ -72,7 +81,7 @@ def _records(path: str, magic_name: str, message: str) -> Iterator[Any]:
     if len(data) > MAX_IMAGE_BYTES:
         raise FormatError(f"the CRIU image {name} is larger than {MAX_IMAGE_BYTES >> 20} MiB")
     offset = _check_magic(data, magic.by_name, magic_name, name)
-    cls = getattr(pb, message)
+    cls = getattr(pb, head or message)
     while offset < len(data):
         if offset + 4 > len(data):
             raise FormatError(f"the CRIU image {name} ends inside a record's size")
@@ -88,6 +97,7 @@ def _records(path: str, magic_name: str, message: str) -> Iterator[Any]:
                               f"{message}: {e}") from None
         offset += size
         yield entry
+        cls = getattr(pb, message)
 
 
 def _check_magic(data: bytes, by_name: dict[str, int], magic_name: str, name: str) -> int:

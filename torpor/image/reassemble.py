@@ -123,41 +123,61 @@ class _Packs:
     def chunk(self, chunk: ChunkRecord) -> bytes:
         pack = self.index.packs[chunk.pack].digest
         frame = os.pread(self.fds[chunk.pack], chunk.length, chunk.offset)
-        if len(frame) != chunk.length:
-            raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
-        raw = raw_content(frame, chunk.plain_length)
-        if raw is not None:
-            hasher = hashlib.sha256()
-            for piece in raw:
-                hasher.update(piece)
-            if "sha256:" + hasher.hexdigest() != chunk.digest:
-                raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not "
-                                     f"match its digest {chunk.digest} (the pack is damaged)")
-            return b"".join(raw)
-        try:
-            if zstandard.frame_content_size(frame) != chunk.plain_length:
-                raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset "
-                                     f"{chunk.offset} does not have the length its index says")
-            if not hasattr(self.local, "zstd"):
-                self.local.zstd = zstandard.ZstdDecompressor()
-            data: bytes = self.local.zstd.decompress(frame, max_output_size=chunk.plain_length)
-        except zstandard.ZstdError as e:
-            raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset {chunk.offset} "
-                                 f"does not match its digest (the pack is damaged: {e})") from None
-        if len(data) != chunk.plain_length or \
-                "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest:
-            raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not match "
-                                 f"its digest {chunk.digest} (the pack is damaged)")
-        return data
+        if not hasattr(self.local, "zstd"):
+            self.local.zstd = zstandard.ZstdDecompressor()
+        return decode_chunk(frame, chunk, pack, self.local.zstd)
 
 
-def rebuild(index: ChunkIndex, pack_path: PackPath, target: str, *,
-            limits: RestoreLimits | None = None, workers: int = 0) -> RebuiltFiles:
+def decode_chunk(frame: bytes, chunk: ChunkRecord, pack: str,
+                 zstd: zstandard.ZstdDecompressor) -> bytes:
+    """A chunk's bytes from its frame as read from `pack`, checked: frame length, content size,
+    sha256; DigestMismatch naming the pack otherwise."""
+    if len(frame) != chunk.length:
+        raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
+    raw = raw_content(frame, chunk.plain_length)
+    if raw is not None:
+        hasher = hashlib.sha256()
+        for piece in raw:
+            hasher.update(piece)
+        if "sha256:" + hasher.hexdigest() != chunk.digest:
+            raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not "
+                                 f"match its digest {chunk.digest} (the pack is damaged)")
+        return b"".join(raw)
+    try:
+        if zstandard.frame_content_size(frame) != chunk.plain_length:
+            raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset "
+                                 f"{chunk.offset} does not have the length its index says")
+        data: bytes = zstd.decompress(frame, max_output_size=chunk.plain_length)
+    except zstandard.ZstdError as e:
+        raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset {chunk.offset} "
+                             f"does not match its digest (the pack is damaged: {e})") from None
+    if len(data) != chunk.plain_length or \
+            "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest:
+        raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not match "
+                             f"its digest {chunk.digest} (the pack is damaged)")
+    return data
+
+
+ChunkGetter = Callable[[ChunkRecord], bytes]   # a chunk's bytes, verified
+Ranges = Callable[[FileRecord], list[tuple[int, int]] | None]
+
+
+def rebuild(index: ChunkIndex, pack_path: PackPath | None, target: str, *,
+            limits: RestoreLimits | None = None, workers: int = 0,
+            chunks: ChunkGetter | None = None, ranges: Ranges | None = None) -> RebuiltFiles:
     """Write every file of `index` under the directory `target` from the packs `pack_path`
-    finds; the files must not exist yet."""
+    finds (or the verified chunks `chunks` gives); the files must not exist yet. `ranges`:
+    for a file, the (offset, length) ranges to fill, the rest left a hole (a lazy restore's
+    page files: lazy/); None fills it all."""
     check_limits(index, limits or RestoreLimits())
     workers = workers or os.cpu_count() or 1
-    packs = _Packs(index, pack_path)
+    packs: _Packs | _Given
+    if chunks is not None:
+        packs = _Given(chunks)
+    elif pack_path is not None:
+        packs = _Packs(index, pack_path)
+    else:
+        raise ValueError("rebuild needs pack_path or chunks")
     created: list[str] = []
     failed = threading.Event()
     fds: list[int] = []
@@ -169,7 +189,8 @@ def rebuild(index: ChunkIndex, pack_path: PackPath, target: str, *,
         with ThreadPoolExecutor(workers, thread_name_prefix="torpor-unpack") as chunk_pool, \
                 ThreadPoolExecutor(file_workers, thread_name_prefix="torpor-files") as file_pool:
             futures = [file_pool.submit(_rebuild_file, index, packs, chunk_pool, record, fd,
-                                        2 * workers, failed) for record, fd in jobs]
+                                        2 * workers, failed, ranges(record) if ranges else None)
+                       for record, fd in jobs]
             written = 0
             for future in futures:
                 try:
@@ -243,9 +264,22 @@ def _create(target: str, record: FileRecord, created: list[str]) -> int:
     return fd
 
 
-def _rebuild_file(index: ChunkIndex, packs: _Packs, pool: ThreadPoolExecutor, record: FileRecord,
-                  fd: int, window: int, failed: threading.Event) -> int:
-    """Write one file's chunks; returns the chunk bytes written."""
+class _Given:
+    def __init__(self, chunks: ChunkGetter) -> None:
+        self.chunk = chunks
+
+    def close(self) -> None:
+        pass
+
+
+def _wanted(ranges: list[tuple[int, int]] | None, start: int, length: int) -> bool:
+    return ranges is None or any(at < start + length and start < at + n for at, n in ranges)
+
+
+def _rebuild_file(index: ChunkIndex, packs: _Packs | _Given, pool: ThreadPoolExecutor,
+                  record: FileRecord, fd: int, window: int, failed: threading.Event,
+                  ranges: list[tuple[int, int]] | None = None) -> int:
+    """Write one file's chunks (those overlapping `ranges`); returns the chunk bytes written."""
     queue: deque[tuple[Future[bytes], int]] = deque()
     queued = written = offset = 0
 
@@ -267,6 +301,9 @@ def _rebuild_file(index: ChunkIndex, packs: _Packs, pool: ThreadPoolExecutor, re
                 offset -= extent
                 continue
             chunk = index.chunks[extent]
+            if not _wanted(ranges, offset, chunk.plain_length):
+                offset += chunk.plain_length
+                continue
             queue.append((pool.submit(packs.chunk, chunk), offset))
             queued += chunk.plain_length
             offset += chunk.plain_length

@@ -170,6 +170,32 @@ class RepositoryClient:
         return self.session.request("GET", self._url(f"blobs/{digest}"), ok=(200, 206), headers=headers,
                                     scope=self.pull_scope, what=f"GET blob {digest}")
 
+    def read_range(self, digest: str, offset: int, length: int) -> bytes:
+        """`length` bytes of a blob from `offset` (a Range request; a registry that answers
+        with the whole blob is read up to the range). Transient failures are retried; the
+        bytes are the caller's to verify."""
+        response = self.session.request(
+            "GET", self._url(f"blobs/{digest}"), ok=(200, 206), scope=self.pull_scope,
+            headers={"Range": f"bytes={offset}-{offset + length - 1}"},
+            what=f"GET bytes {offset}-{offset + length - 1} of blob {digest}")
+        skip = offset if response.status == 200 else 0
+        data = bytearray()
+        try:
+            for piece in response.iter_chunks():
+                if skip >= len(piece):
+                    skip -= len(piece)
+                    continue
+                data += piece[skip:]
+                skip = 0
+                if len(data) >= length:
+                    break
+        finally:
+            response.close()
+        if len(data) < length:
+            raise RegistryError(f"registry {self.session.registry} ended blob {digest} "
+                                f"{length - len(data)} bytes short of the range asked")
+        return bytes(data[:length])
+
     def _location(self, response: Response, request_url: str) -> str:
         location = response.header("Location")
         if not location:
