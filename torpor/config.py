@@ -82,6 +82,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "trusted_keys": (list, [], "PEM public keys (cosign.pub) whose signatures are trusted"),
         "timeout_s": (int, 300, "how long each restore step may take (unpacking, runc and "
                       "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
+        "lazy": (bool, False, "restore checkpoint images lazily: the workload runs at once and "
+                 "its memory arrives after it (torpor restore --lazy; docs/lazy.md)"),
         "max_chunk_index_bytes": (int, 256 << 20,
                                   "what a chunk index may unpack to (and never more than 32 "
                                   "times its layer, above 1 MiB)"),
@@ -149,6 +151,7 @@ class Config:
         "restore_hooks",
         "restore_host_namespaces",
         "restore_labels",
+        "restore_lazy",
         "restore_max_chunk_index_bytes",
         "restore_max_compression_ratio",
         "restore_max_config_bytes",
@@ -203,6 +206,7 @@ class Config:
     restore_trusted_keys: list[str]
     restore_timeout_s: int
     restore_max_chunk_index_bytes: int
+    restore_lazy: bool
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]

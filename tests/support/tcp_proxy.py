@@ -184,3 +184,50 @@ class DownloadDroppingProxy(DroppingProxy):
     def _count_down(self, n: int) -> None:
         with self._lock:
             self.forwarded_down += n
+
+
+class ThrottledProxy(DroppingProxy):
+    """Forwards everything, answers at most `bytes_per_s` (all connections together), so a
+    transfer lasts long enough for a test to cut it; `close()` then makes the registry gone:
+    every connection closed, new ones refused."""
+
+    def __init__(self, upstream_port: int, bytes_per_s: int) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._next_send = 0.0
+        super().__init__(upstream_port, nth=0)
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._slow, args=(upstream, client), daemon=True).start()
+
+    def _slow(self, upstream: socket.socket, client: socket.socket) -> None:
+        import time
+
+        try:
+            while data := upstream.recv(1 << 14):
+                with self._lock:
+                    now = time.monotonic()
+                    start = max(now, self._next_send)
+                    self._next_send = start + len(data) / self.bytes_per_s
+                time.sleep(max(0.0, start - now))
+                client.sendall(data)
+        except OSError:
+            pass
+        _close(upstream)
+        _close(client)
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept: refused from now on
+        except OSError:
+            pass
+        super().close()

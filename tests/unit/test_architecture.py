@@ -14,7 +14,7 @@ GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson"
           "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
-                "signing", "criu_images"}
+                "signing", "criu_images", "lazy"}
 # what each area may import (besides itself); the ground floor may import only the ground
 ALLOWED = {
     **{name: GROUND for name in GROUND},

@@ -1,6 +1,6 @@
 /* memhog: holds N MiB of dirty, incompressible memory and reports its own longest stall.
  *
- *   memhog MIB [GAPFILE] [-r PERCENT] [-s STATUSFILE] [-c WORKFILE]
+ *   memhog MIB [GAPFILE] [-r PERCENT] [-s STATUSFILE] [-c WORKFILE] [-x SEED]
  *
  * Fills MIB mebibytes with xorshift output, then ticks every millisecond, keeping the longest
  * gap between two ticks (what a checkpoint's freeze looks like from inside) and writing it, in
@@ -14,6 +14,9 @@
  * -c: CPU-bound instead of ticking: hashes a small buffer in a loop and writes the number of
  * rounds done so far, a hash and its longest stall so far (microseconds) to WORKFILE about
  * every 100 ms (its throughput and what a checkpoint's freeze looked like from inside).
+ *
+ * -x: fill with another seed, so that two memhogs do not hold the same bytes (packs of the
+ * same bytes are shared by content, wherever they come from).
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -59,21 +62,24 @@ static void write_file(const char *path, const char *text) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: memhog MIB [GAPFILE] [-r PERCENT] [-s STATUSFILE] [-c WORKFILE]\n");
+        fprintf(stderr, "usage: memhog MIB [GAPFILE] [-r PERCENT] [-s STATUSFILE] [-c WORKFILE] "
+                "[-x SEED]\n");
         return 2;
     }
     size_t words = (size_t)atol(argv[1]) * 1024 * 1024 / 8;
     const char *gapfile = NULL, *statusfile = NULL, *workfile = NULL;
     long percent = 10;
+    uint64_t seed = 88172645463325252ULL;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "-r") && i + 1 < argc) percent = atol(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) statusfile = argv[++i];
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) workfile = argv[++i];
+        else if (!strcmp(argv[i], "-x") && i + 1 < argc) seed ^= strtoull(argv[++i], NULL, 0) << 1;
         else gapfile = argv[i];
     }
     uint64_t *mem = malloc(words * 8 + 8);
     if (!mem) { perror("malloc"); return 1; }
-    fill(mem, words, 88172645463325252ULL);
+    fill(mem, words, seed);
     signal(SIGUSR1, on_usr1);
     signal(SIGUSR2, on_usr2);
     printf("memhog %s MiB checksum %llx\n", argv[1], (unsigned long long)checksum(mem, words));

@@ -48,13 +48,18 @@ def parse_volume_map(values: tuple[str, ...]) -> tuple[dict[str, str], frozenset
 @click.option("--runc-root", metavar="PATH", default="",
               help="runc's state root for the restored task, as ctr's --runc-root (default: "
               "the runc shim's; a checkpoint's own is never used).")
+@click.option("--lazy/--no-lazy", default=None,
+              help="Run the workload at once and bring its memory in after it, from this "
+              "node's packs or the registry (a checkpoint image only; default [restore] lazy). "
+              "The command returns when the last page is in.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @registry_options
 @click.pass_obj
 def restore_command(g: Globals, source: str, name: str | None, netns: str | None,
                     add_addresses: bool, volumes: tuple[str, ...], allow_spec_hooks: bool,
                     decryption_keys: tuple[str, ...], log_uri: str | None,
-                    runtime_binary: str | None, runc_root: str, as_json: bool, username: str | None,
+                    runtime_binary: str | None, runc_root: str, lazy: bool | None, as_json: bool,
+                    username: str | None,
                     password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Restore a container from a checkpoint: a directory, an OCI layout, a kubelet checkpoint
     archive, a local image or an image in a registry (this node is checked before any layer is
@@ -67,15 +72,18 @@ def restore_command(g: Globals, source: str, name: str | None, netns: str | None
                              volumes=mapping, accept_mounts=accepted,
                              allow_spec_hooks=allow_spec_hooks,
                              decryption_keys=keys_from(decryption_keys), log_uri=log_uri,
-                             runtime_binary=runtime_binary, runc_root=runc_root,
+                             runtime_binary=runtime_binary, runc_root=runc_root, lazy=lazy,
                              registry=access_from(username, password_stdin, ca_file, insecure))
     with g.client() as client:
         result = restore(client, source, options, config.load(), g.progress(quiet=as_json))
     if as_json:
         emit_json(result.to_json())
         return
+    running_s = result.timings.get("running_s")
+    running = "" if running_s is None else (
+        f" (running after {running_s:.2f}s, its memory all in after the rest)")
     click.echo(f"restored {result.name} (pid {result.pid}) in "
-               f"{result.timings['total_s']:.2f}s; output: {result.log}")
+               f"{result.timings['total_s']:.2f}s{running}; output: {result.log}")
 
 
 COMMANDS = {"restore": restore_command}

@@ -71,6 +71,7 @@ HIDDEN_DESCRIPTORS = "torpor-descriptors.json"
 RECORDS_DIR = "containers"                       # <state_dir>/containers/<namespace>/<id>.<key>/
 CHECKPOINT_REQUEST_FORMAT = "torpor.checkpoint-request.v1"
 RESTORE_PLAN = "restore-net.json"                # torpor-runc restore's network plan for the hook
+LAZY_PAGES_SOCKET = "lazy-pages.socket"          # criu lazy-pages, in a lazy restore's work dir
 CRIU_RESTORE_CONFIG = "criu-restore.conf"        # CRIU options runc has no flag for (tcp-close)
 
 # Per-checkpoint journals under [runtime] state_dir (torpor.capture.journal)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zstandard
 
@@ -53,6 +53,12 @@ from torpor.image import directory as checkpoint_dir
 from torpor.image.encryption_annotations import open_layer_key
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.registry.layout import Layout
+
+
+class LazyRebuild(Protocol):
+    """What rebuilds CRIU's images for a lazy restore from its own chunk source (torpor.lazy)."""
+
+    def rebuild(self, index: ChunkIndex, target: str) -> None: ...
 
 RATIO_FLOOR = 64 << 20   # below this many bytes unpacked, the compression ratio is not checked
 # A chunk index's JSON per byte of its zstd blob: about 2 for real ones (their sha256 digests do
@@ -355,10 +361,13 @@ def full_metadata(image: CheckpointImage, layout_dir: str, keys: Sequence[Decryp
 
 def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: int = 0,
                  keys: Sequence[DecryptionKey] = (), limits: ImageLimits = ImageLimits(),
-                 metadata: CheckpointMetadata | None = None) -> None:
+                 metadata: CheckpointMetadata | None = None,
+                 lazy: LazyRebuild | None = None) -> None:
     """The checkpoint directory (CRIU images, torpor state, checkpoint.json) from the state
     layers; the read-write layer stays in the runnable image. Encrypted layers are decrypted in
-    a private directory beside `target`. Removes `target` (and that directory) on failure."""
+    a private directory beside `target`. Removes `target` (and that directory) on failure.
+    `lazy`: the packs need not be in the layout; `lazy` rebuilds CRIU's images from its own
+    chunk source, leaving the lazy pages out (torpor.lazy)."""
     layout = Layout(Path(layout_dir))
     parent = os.path.dirname(os.path.abspath(target))
     os.makedirs(target, mode=0o700)
@@ -373,9 +382,11 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
                                 "the checkpoint's metadata")
         layer_list = image.payload_layers
         for layer in layer_list:
-            if not layout.has_blob(layer.digest):
+            if not layout.has_blob(layer.digest) and not (
+                    lazy is not None and plain_type(layer.media_type) == mt.PACK):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
-        rebuild_chunked(image, layout, target, keys, work, expected, limits.max_chunk_index_bytes)
+        rebuild_chunked(image, layout, target, keys, work, expected, limits.max_chunk_index_bytes,
+                        lazy)
         layer_list = [d for d in layer_list if plain_type(d.media_type) not in CHUNKED_TYPES]
 
         def one(layer: Descriptor) -> None:
@@ -421,6 +432,10 @@ INDEX_TYPES = (mt.CHUNK_INDEX, mt.CHUNK_INDEX_ZSTD)
 CHUNKED_TYPES = (*INDEX_TYPES, mt.PACK)
 
 
+def is_pack(descriptor: Descriptor) -> bool:
+    return plain_type(descriptor.media_type) == mt.PACK
+
+
 def index_layer(image: CheckpointImage) -> Descriptor | None:
     """The state manifest's chunk index layer; None for an image of CRIU tar parts only."""
     found = [d for d in image.state_layers if plain_type(d.media_type) in INDEX_TYPES]
@@ -438,7 +453,7 @@ def read_index(layout: Layout, descriptor: Descriptor, cap: int = MAX_INDEX_BYTE
 def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                     keys: Sequence[DecryptionKey] = (), work: str | None = None,
                     expected: dict[str, int] | None = None,
-                    index_cap: int = MAX_INDEX_BYTES) -> None:
+                    index_cap: int = MAX_INDEX_BYTES, lazy: LazyRebuild | None = None) -> None:
     """CRIU's image files from the chunk index and its packs, into `target` (reassemble.py:
     limits first, every chunk digest-checked, every file's length checked). Every pack the
     index names must be a layer of the state manifest (so a registry holds it beside the
@@ -458,7 +473,15 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
             chunks = read_index(layout, plain, index_cap)
         packs = {}
         plain_packs = []
-        for pack in (d for d in image.state_layers if plain_type(d.media_type) == mt.PACK):
+        listed = [d for d in image.state_layers if plain_type(d.media_type) == mt.PACK]
+        if lazy is not None:   # the packs stay where they are; their sizes must agree
+            sizes = {d.digest: d.size for d in listed if not ocicrypt.is_encrypted(d.media_type)}
+            odd = [p.digest for p in chunks.packs if sizes.get(p.digest) != p.size]
+            if odd:
+                raise ImageError(f"the chunk index names packs the state manifest does not list "
+                                 f"with that size: {', '.join(odd[:3])}")
+            listed = []
+        for pack in listed:
             pack_path, pack_plain, remove = open_blob(layout, pack, keys, work or target)
             if remove:
                 opened.append(pack_path)  # decrypted: checked by its HMAC and sealed digest
@@ -466,7 +489,7 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                 plain_packs.append((pack_plain, pack_path))
             packs[pack_plain.digest] = pack_path
         _check_sizes(plain_packs)
-        unlisted = [p.digest for p in chunks.packs if p.digest not in packs]
+        unlisted = [p.digest for p in chunks.packs if p.digest not in packs and lazy is None]
         if unlisted:
             raise ImageError(f"the chunk index names packs the state manifest does not list: "
                              f"{', '.join(unlisted[:3])}")
@@ -476,7 +499,10 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
         if outside:
             raise ImageError(f"the chunk index holds files the checkpoint's metadata does not "
                              f"list as CRIU's images: {outside[:3]}")
-        reassemble.rebuild(chunks, packs.__getitem__, target)
+        if lazy is not None:
+            lazy.rebuild(chunks, target)
+        else:
+            reassemble.rebuild(chunks, packs.__getitem__, target)
     finally:
         for path in opened:
             os.unlink(path)

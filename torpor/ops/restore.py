@@ -48,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torpor import criu_images, signing
 from torpor.capture import deadlines, pod, restore_policy
@@ -88,6 +88,10 @@ from torpor.ops.sources import (
 from torpor.registry import fetch_metadata
 from torpor.reporting import SILENT, Progress
 
+if TYPE_CHECKING:
+    from torpor.lazy.chunks import RemoteRange
+    from torpor.lazy.session import LazyMemory
+
 
 @dataclass(frozen=True)
 class RestoreOptions:
@@ -101,6 +105,7 @@ class RestoreOptions:
     log_uri: str | None = None            # the task's stdout/stderr (default: a file)
     runtime_binary: str | None = None     # torpor-runc on this node
     runc_root: str = ""                   # runc's state root (default: the shim's own)
+    lazy: bool | None = None              # memory after the workload runs (default [restore] lazy)
     registry: RegistryAccess = field(default_factory=RegistryAccess)
 
 
@@ -176,6 +181,10 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     if options.name is not None:   # before anything is read or downloaded
         name_free(client, options.name)
     kind = kind_of(source, store)
+    if options.lazy and kind in (SourceKind.DIRECTORY, SourceKind.KUBE_ARCHIVE):
+        raise RestoreError(f"{source} cannot be restored lazily: only a checkpoint image "
+                           "(local or in a registry) holds its memory as chunks to serve",
+                           hint="restore it without --lazy, or from its image (torpor push)")
     if kind is SourceKind.DIRECTORY:
         # 1. the directory, every file checked, 2. this node, 3. the policy
         progress.step(f"checking {os.path.abspath(source)}")
@@ -223,14 +232,21 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
-                with store.downloading(plan.top.descriptor.digest, progress.step), \
-                        store.staging(source) as staged:  # the previous copy stays till whole
-                    held = generation.hold_for_pull(plan, store, scratch / "held")
-                    layers = generation.place_for_pull(plan, held, staged)  # the store has them
-                    progress.step(f"downloading {len(layers)} layers "
-                                  f"({len(held)} already here)")
-                    plan.download(staged, layers, progress=progress.transfer("downloaded"))
-                layout = str(store.layout(source))
+                lazy = lazy_memory(source, image, options, cfg, store, plan.read_range)
+                if lazy is not None:   # all but the packs, whose chunks come as they are asked
+                    layers = [la for la in plan.layers if not unpack.is_pack(la.descriptor)]
+                    progress.step(f"downloading {len(layers)} layers; the memory comes lazily")
+                    layout = str(scratch / "layout")
+                    plan.download(layout, layers, progress=progress.transfer("downloaded"))
+                else:
+                    with store.downloading(plan.top.descriptor.digest, progress.step), \
+                            store.staging(source) as staged:  # the previous copy stays till whole
+                        held = generation.hold_for_pull(plan, store, scratch / "held")
+                        layers = generation.place_for_pull(plan, held, staged)  # the store has them
+                        progress.step(f"downloading {len(layers)} layers "
+                                      f"({len(held)} already here)")
+                        plan.download(staged, layers, progress=progress.transfer("downloaded"))
+                    layout = str(store.layout(source))
                 timings["pull_s"] = time.monotonic() - t
         else:
             if kind is SourceKind.STORE:
@@ -244,6 +260,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
             approved = approve(metadata, options, cfg, client.namespace, claims)
+            lazy = lazy_memory(source, image, options, cfg, store, None)
         name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
                       f"{image.index.digest.split(':')[1][:12]}"
         # 5. the CRIU images into scratch, the runnable image into containerd
@@ -252,7 +269,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         directory = str(scratch / "checkpoint")
         with _deadline(cfg, "unpacking the CRIU images", metadata.sizes.total):
             unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
-                                metadata=metadata)
+                                metadata=metadata, lazy=lazy)
         with client.lease():
             progress.step(f"importing the runnable image {name} into containerd")
             with _deadline(cfg, f"importing the runnable image {name}",
@@ -262,7 +279,33 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             with _deadline(cfg, "reading the unpacked checkpoint"):
                 metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
-                                      progress, started, source, timings, rootfs_image=chain)
+                                      progress, started, source, timings, rootfs_image=chain,
+                                      lazy=lazy)
+
+
+def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOptions,
+                cfg: Config, store: Store, remote: RemoteRange | None) -> LazyMemory | None:
+    """The page source of a lazy restore (torpor.lazy), when one is asked for (--lazy, or
+    `[restore] lazy`) and the image allows it; packs are read from this node's store where it
+    holds them, else by range requests (`remote`). An image that cannot be restored lazily is
+    an error when --lazy asked for it, restored whole when only the node's default did."""
+    if not (options.lazy if options.lazy is not None else cfg.restore_lazy):
+        return None
+    why = ("its memory is CRIU's tar parts, not chunks" if unpack.index_layer(image) is None
+           else "its packs are encrypted (a range of one cannot be decrypted alone)"
+           if image.encrypted else "")
+    if why:
+        if options.lazy:
+            raise RestoreError(f"{source} cannot be restored lazily: {why}",
+                               hint="restore it without --lazy")
+        return None
+    from torpor.lazy.session import LazyMemory
+
+    def here(digest: str, size: int) -> str | None:
+        found = store.find_blob(digest, size)
+        return str(found) if found is not None else None
+
+    return LazyMemory(here, remote)
 
 
 def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
@@ -288,7 +331,8 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
                        approved: ApprovedSpec, options: RestoreOptions, cfg: Config,
                        progress: Progress, started: float, source: str,
                        timings: dict[str, float],
-                       rootfs_image: BaseImage | None = None) -> RestoreResult:
+                       rootfs_image: BaseImage | None = None,
+                       lazy: LazyMemory | None = None) -> RestoreResult:
     """Steps 6 to 8 from a checkpoint directory. `rootfs_image` is an image in containerd that
     already holds the read-write layer (a checkpoint image's runnable manifest); without it,
     the base image plus the directory's rootfs-diff.tar are used."""
@@ -344,6 +388,14 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
         undo.callback(shutil.rmtree, work, True)
         grant = restore_policy.write_grant(work, approved.requests)  # torpor-runc's --work-path
         undo.callback(_quietly, os.unlink, grant)
+        pages = None
+        if lazy is not None:   # the page source first: torpor-runc finds its socket in `work`
+            lazy.give_up_at = time.monotonic() + deadlines.budget(
+                cfg.restore_timeout_s or 300, lazy.lazy_bytes)
+            progress.step(f"starting the page source ({lazy.lazy_bytes >> 20} MiB lazily)")
+            criu = runtime_tools.tools(client.address, runtime).criu or "criu"
+            pages = lazy.start(work, criu, _cgroup_dirs(spec))
+            undo.callback(pages.close)   # after the task is gone: the socket closes last
         progress.step("restoring the task (torpor-runc, CRIU)")
         t0 = time.monotonic()
         limit = task_deadline(cfg, directory)
@@ -365,11 +417,30 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
             raise RestoreError(f"restoring {name} failed: {e}",
                                hint=f"CRIU's log: {kept}" if kept else None) from None
         timings["restore_s"] = time.monotonic() - t0
+        if pages is not None:
+            timings["running_s"] = time.monotonic() - started
+            pages.running(pid)
+            progress.step(f"{name} runs; its memory is arriving")
+            done = pages.wait(progress.step)
+            timings.update(lazy_s=done.complete_s, lazy_remote_bytes=done.remote_bytes,
+                           lazy_local_bytes=done.local_bytes)
         undo.pop_all()
+    if pages is not None:
+        pages.close()
     shutil.rmtree(work, ignore_errors=True)
     _quietly(os.unlink, grant)
     timings["total_s"] = time.monotonic() - started
     return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
+
+
+def _cgroup_dirs(spec: OciSpec) -> list[str]:
+    """Where a cgroupfs container's processes will be (the guard's, torpor.lazy.guard, should
+    torpor die before their task is known); none for systemd's slice:prefix:name paths."""
+    path = str((spec.get("linux") or {}).get("cgroupsPath") or "")
+    if not path.startswith("/") or ":" in path:
+        return []
+    return [os.path.join("/sys/fs/cgroup/freezer", path.lstrip("/")),
+            os.path.join("/sys/fs/cgroup", path.lstrip("/"))]
 
 
 RUNTIME_SLACK_S = 30.0  # containerd's deadline on Tasks.Start, past torpor-runc's on runc

@@ -21,7 +21,8 @@ The steps, in order:
     volumes and /dev/shm, into the restore-time rootfs and bind sources, never following a
     symlink out of them and within the limits of `[restore]`; then CRIU's images against the
     spec, the policy and that rootfs (torpor.criu_images), a plain runc checkpoint's too;
- 7. `runc restore` with the caller's argv plus the flags of step 3, within `[restore]
+ 7. `runc restore` with the caller's argv plus the flags of step 3 (and `--lazy-pages` when
+    `torpor restore --lazy` left its page source's socket in the work directory), within `[restore]
     timeout_s` (plus 10 s per GiB of CRIU images) when detached: past it runc, its CRIU and
     the half-restored container are killed and deleted, and the error says where CRIU stood;
  8. GPU: restore each CUDA process (GPU UUID pairs when this node's GPUs differ), then unlock,
@@ -174,6 +175,8 @@ def run(ctx: Context) -> int:
             spec.flush(bundle, config)
         # 3. + 7. runc restore with the flags containerd dropped
         extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
+        if lazy_pages_waiting(work) and not inv.has("lazy-pages"):
+            extra.append("--lazy-pages")   # torpor restore --lazy started the page source
         since = ctx.log.mark()
         code = _runc_restore(ctx, inv.with_flags(extra), image_path)
         if code != 0:
@@ -236,6 +239,12 @@ def granting_work_dir(ctx: Context) -> str | None:
     if work and os.path.dirname(os.path.abspath(work)) == root:
         return work
     return None
+
+
+def lazy_pages_waiting(work: str | None) -> bool:
+    """`torpor restore --lazy` made this restore's work directory and started `criu lazy-pages`
+    there (torpor.lazy): runc restore is then to leave the lazy pages to it."""
+    return work is not None and os.path.exists(os.path.join(work, names.LAZY_PAGES_SOCKET))
 
 
 def drop_containerd_copy(image_path: str) -> None:

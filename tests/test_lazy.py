@@ -1,0 +1,197 @@
+"""Lazy restore on real containerd, runc, CRIU (criu lazy-pages, userfaultfd) and
+docker-registry: the workload runs before its memory is in, and that memory comes out byte for
+byte what it was (memhog's checksum of all of it, computed inside the workload before the
+checkpoint and after the restore); a registry that goes away mid-stream, or a pack damaged in
+it, ends in a clean error with the workload killed and nothing of the restore left."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import Nodes, run_torpor
+from .support.containerd import Node
+from .support.processes import wait_for
+from .support.registry import Registry
+from .support.tcp_proxy import ThrottledProxy
+from .support.workload import containers, exec_out, task_status
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+MIB = 64
+
+
+def node_config(session_dir: Path, name: str, extra: str = "") -> Path:
+    path = session_dir / f"node-{name}.toml"
+    path.write_text(f'[runtime]\nstate_dir = "{session_dir}/{name}-state"\n'
+                    f'log_dir = "{session_dir}/{name}-state-logs"\n'
+                    f'[image]\nstore = "{session_dir}/{name}-store"\n{extra}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def lazy_nodes(nodes: Nodes, session_dir: Path) -> tuple[Node, Node]:
+    # b's restores give up on a registry that is gone after 5 s (plus 10 s per GiB)
+    return (nodes.start("lazy-a", config=node_config(session_dir, "lazy-a")),
+            nodes.start("lazy-b", config=node_config(session_dir, "lazy-b",
+                                                     "[restore]\ntimeout_s = 5\n")))
+
+
+@pytest.fixture(scope="module")
+def registry(session_dir: Path) -> Iterator[Registry]:
+    started = Registry(session_dir / "registries", "lazy").start()
+    yield started
+    started.stop()
+
+
+def memhog_sums(node: Node, name: str) -> list[str]:
+    """memhog's checksums of its whole memory so far: at its start, then one per SIGUSR1."""
+    text = exec_out(node, name, "cat", "/tmp/sums")
+    return [line.rsplit(" ", 1)[1] for line in text.splitlines() if "checksum" in line]
+
+
+def ask_sum(node: Node, name: str) -> str:
+    before = len(memhog_sums(node, name))
+    exec_out(node, name, "sh", "-c", "kill -USR1 $(pidof memhog)")
+    wait_for(lambda: len(memhog_sums(node, name)) > before, what="memhog's checksum")
+    return memhog_sums(node, name)[-1]
+
+
+def start_memhog(node: Node, image: str, name: str, mib: int) -> str:
+    """memhog holding `mib` MiB of bytes of its own (seeded by the name: no other test's packs
+    hold them), its first checksum."""
+    seed = int.from_bytes(name.encode()[:7], "little")
+    node.ctr("run", "-d", *SHIM, image, name, "sh", "-c",
+             f"memhog {mib} -x {seed} > /tmp/sums 2>&1")
+    wait_for(lambda: memhog_sums(node, name), timeout=60, what="memhog to fill its memory")
+    return memhog_sums(node, name)[0]
+
+
+def left_behind(node: Node, session_dir: Path, name: str) -> list[str]:
+    """What a failed restore must not leave: its container, its work directory."""
+    found = [line for line in node.ctr("containers", "ls", "-q").stdout.split() if line == name]
+    work = session_dir / "lazy-b-state" / "restore-work"
+    return found + ([str(p) for p in work.iterdir() if f"-{name}-" in p.name]
+                    if work.is_dir() else [])
+
+
+def test_a_lazily_restored_workload_runs_on_its_exact_memory(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
+    a, b = lazy_nodes
+    name = "lazy-sum"
+    ref = f"{registry.host}/lazy/{name}:1"
+    with containers(a) as on_a, containers(b) as on_b:
+        on_a.append(name)
+        at_start = start_memhog(a, str(test_image["name"]), name, MIB)
+        assert ask_sum(a, name) == at_start
+        run_torpor(a, "checkpoint", name, "-t", ref, "--push")
+        on_b.append(name)
+        done = json.loads(run_torpor(b, "restore", ref, "--lazy", "--json").stdout)
+        # it ran before its memory was in, and the memory came from the registry's packs
+        assert done["timings"]["running_s"] < done["timings"]["total_s"], done
+        assert done["timings"]["lazy_remote_bytes"] > MIB << 19, done   # over half, compressed
+        assert ask_sum(b, name) == at_start   # every byte of its memory as it was
+        assert "memhog" in exec_out(b, name, "ps")
+        # a second lazy restore of it, from the node's own copy (made by a plain pull)
+        run_torpor(b, "pull", ref)
+        on_b.append(f"{name}-2")
+        again = json.loads(run_torpor(b, "restore", ref, "--lazy", "--name", f"{name}-2",
+                                      "--json").stdout)
+        assert again["timings"]["lazy_remote_bytes"] == 0, again
+        assert again["timings"]["lazy_local_bytes"] > 0, again
+        assert ask_sum(b, f"{name}-2") == at_start
+
+
+def test_a_registry_gone_mid_stream_kills_the_workload_and_leaves_nothing(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    a, b = lazy_nodes
+    name = "lazy-cut"
+    repo = f"lazy/{name}:1"
+    proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
+    try:
+        with containers(a) as on_a, containers(b) as on_b:
+            on_a.append(name)
+            start_memhog(a, str(test_image["name"]), name, MIB)
+            run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
+            on_b.append(name)
+            restore = subprocess.Popen(
+                [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--lazy"],
+                env=b.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert restore.stdout is not None
+            said = []
+            for line in restore.stdout:
+                said.append(line)
+                if "its memory is arriving" in line:
+                    proxy.close()   # the registry is gone, the workload running
+                    break
+            said.append(restore.communicate(timeout=120)[0])
+            text = "".join(said)
+            assert restore.returncode != 0, text
+            assert "its memory is arriving" in text, text
+            assert "killed" in text and "deadline" in text, text
+            assert left_behind(b, session_dir, name) == [], text
+    finally:
+        proxy.close()
+
+
+def test_torpor_killed_mid_stream_takes_the_workload_with_it(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
+    """torpor itself killed while the memory arrives: its guard kills the workload before the
+    page source closes, so it never runs on with the zeros the kernel would give it."""
+    a, b = lazy_nodes
+    name = "lazy-orphan"
+    repo = f"lazy/{name}:1"
+    proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
+    try:
+        with containers(a) as on_a, containers(b) as on_b:
+            on_a.append(name)
+            start_memhog(a, str(test_image["name"]), name, MIB)
+            run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
+            on_b.append(name)
+            restore = subprocess.Popen(
+                [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--lazy"],
+                env={**b.env, "TORPOR_NO_SERVICE": "1"}, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+            assert restore.stdout is not None
+            for line in restore.stdout:
+                if "its memory is arriving" in line:
+                    assert task_status(b, name) == "RUNNING"
+                    restore.kill()
+                    break
+            restore.wait(30)
+            wait_for(lambda: task_status(b, name) != "RUNNING", timeout=30,
+                     what="the orphaned workload to be killed")
+            assert task_status(b, name) == "STOPPED"
+    finally:
+        proxy.close()
+
+
+def test_a_damaged_pack_is_refused_before_its_bytes_are_used(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    a, b = lazy_nodes
+    name = "lazy-damaged"
+    ref = f"{registry.host}/lazy/{name}:1"
+    with containers(a) as on_a, containers(b) as on_b:
+        on_a.append(name)
+        start_memhog(a, str(test_image["name"]), name, MIB)
+        run_torpor(a, "checkpoint", name, "-t", ref, "--push")
+        packs = sorted(((registry.blob_data(d).stat().st_size, d)
+                        for d in registry.layer_digests(f"lazy/{name}", "1")), reverse=True)
+        data = registry.blob_data(packs[0][1])   # the largest blob: a pack of memory
+        with open(data, "r+b") as f:
+            f.seek(packs[0][0] // 2)
+            byte = f.read(1)
+            f.seek(packs[0][0] // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        on_b.append(name)
+        failed = run_torpor(b, "restore", ref, "--lazy", check=False)
+        text = failed.stdout + failed.stderr
+        assert failed.returncode != 0, text
+        assert "damaged" in text and packs[0][1] in text, text
+        assert left_behind(b, session_dir, name) == [], text

@@ -1,0 +1,81 @@
+"""The page-server side of CRIU's protocol (torpor/lazy/server.py) against a client that
+speaks as `criu lazy-pages` does: pipelined GETs answered in order, partial answers at the end
+of a run, CLOSE answered by a zero; a page it cannot get stops the server without closing."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+
+from torpor.errors import DigestMismatch, FormatError
+from torpor.lazy.pagemap import PAGE, Pagemap, Run
+from torpor.lazy.server import ANSWER, CLOSE, GET, HEADER, PageReader, PageServer
+
+PID = 7
+MAP = Pagemap(PID, "pages-1.img", (Run(0x10000, 4, True, 0), Run(0x20000, 2, False, 4 * PAGE),
+                                    Run(0x30000, 3, True, 6 * PAGE)))
+FILE = b"".join(bytes([n]) * PAGE for n in range(9))
+
+
+def read(name: str, offset: int, length: int) -> bytes:
+    assert name == "pages-1.img"
+    return FILE[offset:offset + length]
+
+
+def serve(reader: PageReader = read) -> tuple[socket.socket, threading.Thread, list[BaseException]]:
+    ours, theirs = socket.socketpair()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            PageServer(ours, {PID: MAP}, reader, 7).serve()
+        except BaseException as e:
+            failures.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return theirs, thread, failures
+
+
+def answer(sock: socket.socket) -> tuple[int, int, int, int, bytes]:
+    head = sock.recv(HEADER.size, socket.MSG_WAITALL)
+    command, pages, vaddr, pid = HEADER.unpack(head)
+    return command, pages, vaddr, pid, sock.recv(pages * PAGE, socket.MSG_WAITALL)
+
+
+def test_pipelined_gets_are_answered_in_order_and_close_with_a_zero() -> None:
+    client, thread, failures = serve()
+    client.sendall(HEADER.pack(GET, 8, 0x11000, PID) + HEADER.pack(GET, 1, 0x32000, PID))
+    assert answer(client) == (ANSWER, 3, 0x11000, PID, FILE[PAGE:4 * PAGE])  # to the run's end
+    assert answer(client) == (ANSWER, 1, 0x32000, PID, FILE[8 * PAGE:9 * PAGE])
+    client.sendall(HEADER.pack(CLOSE, 0, 0, 0))
+    assert struct.unpack("<i", client.recv(4, socket.MSG_WAITALL)) == (0,)
+    thread.join(5)
+    assert not failures
+
+
+def test_a_page_that_is_not_lazy_or_not_there_stops_the_server_socket_open() -> None:
+    for vaddr in (0x20000, 0x40000):   # CRIU restores the first itself; the second is no page
+        client, thread, failures = serve()
+        client.sendall(HEADER.pack(GET, 1, vaddr, PID))
+        thread.join(5)
+        assert isinstance(failures[0], FormatError)
+        client.setblocking(False)
+        with pytest.raises(BlockingIOError):   # no answer, and no end of stream either
+            client.recv(1)
+
+
+def test_a_damaged_chunk_is_never_sent() -> None:
+    def damaged(name: str, offset: int, length: int) -> bytes:
+        raise DigestMismatch("pack sha256:ab: chunk at offset 0 does not match its digest")
+
+    client, thread, failures = serve(damaged)
+    client.sendall(HEADER.pack(GET, 1, 0x10000, PID))
+    thread.join(5)
+    assert isinstance(failures[0], DigestMismatch)
+    client.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        client.recv(1)
