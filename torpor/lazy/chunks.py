@@ -1,12 +1,14 @@
 """The chunks of one generation, from this node's packs or the registry, each verified.
 
-A chunk is read from its pack where the pack is on this node (the local store, or a pack the
-background fetch has finished), else by one HTTP range request for exactly its frame. Either
-way its frame is checked as a full restore checks it (image/reassemble.decode_chunk: length,
-content size, sha256) before a byte of it is used. A registry that fails is asked again, with
-backoff, until the deadline the caller gives: a lazy restore waits rather than fails, since
-the process waiting for the page cannot run on without it. Decoded chunks are kept in a small
-cache, since CRIU asks for pages in pieces smaller than a chunk.
+A chunk is read from its pack where the pack is on this node (any image in the local store
+that holds it), else by an HTTP range request on its pack in the registry: one request for a
+run of chunks that lie back to back in one pack (up to RUN_BYTES), several runs at once.
+Either way each frame is checked as a full restore checks it (image/reassemble.decode_chunk:
+length, content size, sha256) before a byte of it is used. Behind each read, the next
+READ_AHEAD bytes of the same file are fetched in the background (CRIU asks in address order).
+A registry that fails is asked again, with backoff, until the deadline the caller gives: a
+lazy restore waits rather than fails, since the process waiting for the page cannot run on
+without it. Decoded chunks are kept in a cache of CACHE_BYTES.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import zstandard
@@ -27,7 +30,10 @@ from torpor.image.reassemble import decode_chunk
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
 RemoteRange = Callable[[str, int, int], bytes]  # digest, offset, length -> bytes (unverified)
-CACHE_BYTES = 64 << 20
+CACHE_BYTES = 128 << 20
+RUN_BYTES = 8 << 20       # one range request at most
+READ_AHEAD = 16 << 20     # fetched behind each read, of the same file
+FETCHERS = 4
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -53,9 +59,12 @@ class ChunkSource:
         self._lock = threading.Lock()
         self._zstd = threading.local()
         self._numbers = {c.digest: n for n, c in enumerate(index.chunks)}
+        self._pending: dict[int, Future[None]] = {}
+        self._pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="torpor-chunks")
         self._starts: dict[str, list[int]] = {}
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)  # a retrying one ends alone
         with self._lock:
             fds, self._fds = self._fds, {}
         for fd in fds.values():
@@ -64,42 +73,108 @@ class ChunkSource:
     def read(self, record: FileRecord, offset: int, length: int) -> bytes:
         """`length` bytes of the file `record` from `offset`: its chunks and zero runs."""
         starts = self._extent_starts(record)
-        out = bytearray()
-        at = bisect.bisect_right(starts, offset) - 1
         end = offset + length
-        while len(out) < length and at < len(record.extents):
-            extent, start = record.extents[at], starts[at]
+        first = bisect.bisect_right(starts, offset) - 1
+        last = bisect.bisect_left(starts, end)
+        pieces = [(record.extents[n], starts[n]) for n in range(max(first, 0), last)]
+        chunks = self._get([e for e, _ in pieces if e >= 0])
+        out = bytearray()
+        for extent, start in pieces:
             size = -extent if extent < 0 else self.index.chunks[extent].plain_length
             lo, hi = max(offset, start), min(end, start + size)
             if lo < hi:
-                if extent < 0:
-                    out += bytes(hi - lo)
-                else:
-                    out += memoryview(self.chunk(extent))[lo - start:hi - start]
-            at += 1
+                out += bytes(hi - lo) if extent < 0 else \
+                    memoryview(chunks[extent])[lo - start:hi - start]
         if len(out) != length:
             raise DigestMismatch(f"{record.name} ends before byte {end} a lazy restore asked for")
+        self._read_ahead(record, starts, last)
         return bytes(out)
 
-    def chunk(self, number: int) -> bytes:
+    def chunk_of(self, record: ChunkRecord) -> bytes:
+        number = self._numbers[record.digest]
+        return self._get([number])[number]
+
+    def _get(self, numbers: list[int]) -> dict[int, bytes]:
+        """The chunks `numbers`, fetched (in runs, at once) where not cached or on their way."""
+        found: dict[int, bytes] = {}
+        waiting: list[tuple[int, Future[None]]] = []
+        missing: list[int] = []
         with self._lock:
-            data = self._cache.get(number)
-            if data is not None:
-                self._cache.move_to_end(number)
-                return data
-        record = self.index.chunks[number]
-        data = self._fetch(record)
+            for n in dict.fromkeys(numbers):
+                if n in self._cache:
+                    self._cache.move_to_end(n)
+                    found[n] = self._cache[n]
+                elif n in self._pending:
+                    waiting.append((n, self._pending[n]))
+                else:
+                    missing.append(n)
+        futures = self._start(missing)
+        for future in futures:
+            future.result()
+        for _, pending in waiting:
+            pending.result()
+        for n in [*missing, *(n for n, _ in waiting)]:
+            with self._lock:
+                data = self._cache.get(n)
+            found[n] = data if data is not None else self._fetch_run([n])[n]
+        return found
+
+    def _start(self, numbers: list[int]) -> list[Future[None]]:
+        """Fetch `numbers` (none cached or pending) in runs on the fetchers."""
+        futures = []
+        for run in self._runs(numbers):
+            future: Future[None] = self._pool.submit(self._fetch_into_cache, run)
+            with self._lock:
+                for n in run:
+                    self._pending[n] = future
+            futures.append(future)
+        return futures
+
+    def _read_ahead(self, record: FileRecord, starts: list[int], after: int) -> None:
+        if self._remote is None:
+            return
+        wanted, at = [], after
+        limit = (starts[after] if after < len(starts) else 0) + READ_AHEAD
         with self._lock:
-            if number not in self._cache:
-                self._cache[number] = data
-                self._cached += len(data)
+            while at < len(record.extents) and starts[at] < limit:
+                n = record.extents[at]
+                if n >= 0 and n not in self._cache and n not in self._pending:
+                    wanted.append(n)
+                at += 1
+        if wanted:
+            self._start(wanted)
+
+    def _runs(self, numbers: list[int]) -> list[list[int]]:
+        """`numbers` in runs of chunks back to back in one pack, each at most RUN_BYTES."""
+        runs: list[list[int]] = []
+        for n in sorted(numbers, key=lambda n: (self.index.chunks[n].pack,
+                                                self.index.chunks[n].offset)):
+            c = self.index.chunks[n]
+            if runs:
+                last = self.index.chunks[runs[-1][-1]]
+                head = self.index.chunks[runs[-1][0]]
+                if last.pack == c.pack and last.offset + last.length == c.offset and \
+                        c.offset + c.length - head.offset <= RUN_BYTES:
+                    runs[-1].append(n)
+                    continue
+            runs.append([n])
+        return runs
+
+    def _fetch_into_cache(self, run: list[int]) -> None:
+        try:
+            got = self._fetch_run(run)
+            with self._lock:
+                for n, data in got.items():
+                    if n not in self._cache:
+                        self._cache[n] = data
+                        self._cached += len(data)
                 while self._cached > CACHE_BYTES and len(self._cache) > 1:
                     _, old = self._cache.popitem(last=False)
                     self._cached -= len(old)
-        return data
-
-    def chunk_of(self, record: ChunkRecord) -> bytes:
-        return self.chunk(self._numbers[record.digest])
+        finally:
+            with self._lock:
+                for n in run:
+                    self._pending.pop(n, None)
 
     def _decoder(self) -> zstandard.ZstdDecompressor:
         if not hasattr(self._zstd, "d"):
@@ -107,37 +182,44 @@ class ChunkSource:
         decoder: zstandard.ZstdDecompressor = self._zstd.d
         return decoder
 
-    def _fetch(self, record: ChunkRecord) -> bytes:
-        pack = self.index.packs[record.pack]
-        fd = self._open_local(record.pack)
+    def _fetch_run(self, run: list[int]) -> dict[int, bytes]:
+        """The chunks of one run (back to back in one pack), each verified."""
+        records = [self.index.chunks[n] for n in run]
+        pack = self.index.packs[records[0].pack]
+        start = records[0].offset
+        length = records[-1].offset + records[-1].length - start
+        fd = self._open_local(records[0].pack)
         if fd is not None:
-            data = decode_chunk(os.pread(fd, record.length, record.offset), record, pack.digest,
-                                self._decoder())
+            span = os.pread(fd, length, start)
             with self.counts.lock:
-                self.counts.local_bytes += record.length
-            return data
+                self.counts.local_bytes += len(span)
+        else:
+            span = self._remote_span(pack.digest, start, length, records[0])
+        view = memoryview(span)
+        return {n: decode_chunk(bytes(view[r.offset - start:r.offset - start + r.length]), r,
+                                pack.digest, self._decoder())
+                for n, r in zip(run, records, strict=True)}
+
+    def _remote_span(self, digest: str, start: int, length: int, first: ChunkRecord) -> bytes:
         if self._remote is None:
-            raise DigestMismatch(f"pack {pack.digest} is neither on this node nor in a registry")
+            raise DigestMismatch(f"pack {digest} is neither on this node nor in a registry")
         delays = iter(RETRY_S)
         while True:
             try:
-                frame = self._remote(pack.digest, record.offset, record.length)
+                span = self._remote(digest, start, length)
                 with self.counts.lock:
-                    self.counts.remote_bytes += len(frame)
+                    self.counts.remote_bytes += len(span)
                     self.counts.remote_requests += 1
-                return decode_chunk(frame, record, pack.digest, self._decoder())
+                return span
             except RegistryError as e:
-                fd = self._open_local(record.pack)   # the background fetch may have it now
-                if fd is not None:
-                    return self._fetch(record)
                 delay = next(delays, RETRY_S[-1])
                 with self.counts.lock:
                     self.counts.retries += 1
                     self.counts.last_error = str(e)
                 if time.monotonic() + delay > self._give_up_at():
                     raise DeadlineExceeded(
-                        f"the registry did not give chunk {record.digest} of pack "
-                        f"{pack.digest} before the lazy restore's deadline: {e}") from None
+                        f"the registry did not give chunk {first.digest} of pack {digest} "
+                        f"before the lazy restore's deadline: {e}") from None
                 time.sleep(delay)
 
     def _open_local(self, number: int) -> int | None:
