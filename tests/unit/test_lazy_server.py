@@ -20,9 +20,9 @@ MAP = Pagemap(PID, "pages-1.img", (Run(0x10000, 4, True, 0), Run(0x20000, 2, Fal
 FILE = b"".join(bytes([n]) * PAGE for n in range(9))
 
 
-def read(name: str, offset: int, length: int) -> bytes:
+def read(name: str, offset: int, length: int) -> list[bytes | memoryview]:
     assert name == "pages-1.img"
-    return FILE[offset:offset + length]
+    return [FILE[offset:offset + PAGE], memoryview(FILE)[offset + PAGE:offset + length]]
 
 
 def serve(reader: PageReader = read) -> tuple[socket.socket, threading.Thread, list[BaseException]]:
@@ -69,7 +69,7 @@ def test_a_page_that_is_not_lazy_or_not_there_stops_the_server_socket_open() -> 
 
 
 def test_a_damaged_chunk_is_never_sent() -> None:
-    def damaged(name: str, offset: int, length: int) -> bytes:
+    def damaged(name: str, offset: int, length: int) -> list[bytes | memoryview]:
         raise DigestMismatch("pack sha256:ab: chunk at offset 0 does not match its digest")
 
     client, thread, failures = serve(damaged)

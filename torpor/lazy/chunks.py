@@ -29,7 +29,7 @@ from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
 from torpor.image.reassemble import decode_chunk
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
-RemoteRange = Callable[[str, int, int], bytes]  # digest, offset, length -> bytes (unverified)
+RemoteRange = Callable[[str, int, int], bytes | bytearray]  # digest, offset, length (unverified)
 CACHE_BYTES = 128 << 20
 RUN_BYTES = 8 << 20       # one range request at most
 READ_AHEAD = 16 << 20     # fetched behind each read, of the same file
@@ -70,25 +70,28 @@ class ChunkSource:
         for fd in fds.values():
             os.close(fd)
 
-    def read(self, record: FileRecord, offset: int, length: int) -> bytes:
-        """`length` bytes of the file `record` from `offset`: its chunks and zero runs."""
+    def read(self, record: FileRecord, offset: int, length: int) -> list[bytes | memoryview]:
+        """`length` bytes of the file `record` from `offset` (its chunks and zero runs), as
+        the pieces to send one after the other (no copy of the chunks)."""
         starts = self._extent_starts(record)
         end = offset + length
         first = bisect.bisect_right(starts, offset) - 1
         last = bisect.bisect_left(starts, end)
         pieces = [(record.extents[n], starts[n]) for n in range(max(first, 0), last)]
         chunks = self._get([e for e, _ in pieces if e >= 0])
-        out = bytearray()
+        out: list[bytes | memoryview] = []
+        total = 0
         for extent, start in pieces:
             size = -extent if extent < 0 else self.index.chunks[extent].plain_length
             lo, hi = max(offset, start), min(end, start + size)
             if lo < hi:
-                out += bytes(hi - lo) if extent < 0 else \
-                    memoryview(chunks[extent])[lo - start:hi - start]
-        if len(out) != length:
+                out.append(bytes(hi - lo) if extent < 0 else
+                           memoryview(chunks[extent])[lo - start:hi - start])
+                total += hi - lo
+        if total != length:
             raise DigestMismatch(f"{record.name} ends before byte {end} a lazy restore asked for")
         self._read_ahead(record, starts, last)
-        return bytes(out)
+        return out
 
     def chunk_of(self, record: ChunkRecord) -> bytes:
         number = self._numbers[record.digest]
@@ -189,6 +192,7 @@ class ChunkSource:
         start = records[0].offset
         length = records[-1].offset + records[-1].length - start
         fd = self._open_local(records[0].pack)
+        span: bytes | bytearray
         if fd is not None:
             span = os.pread(fd, length, start)
             with self.counts.lock:
@@ -200,7 +204,8 @@ class ChunkSource:
                                 pack.digest, self._decoder())
                 for n, r in zip(run, records, strict=True)}
 
-    def _remote_span(self, digest: str, start: int, length: int, first: ChunkRecord) -> bytes:
+    def _remote_span(self, digest: str, start: int, length: int,
+                     first: ChunkRecord) -> bytes | bytearray:
         if self._remote is None:
             raise DigestMismatch(f"pack {digest} is neither on this node nor in a registry")
         delays = iter(RETRY_S)

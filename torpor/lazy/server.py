@@ -39,7 +39,7 @@ ANSWER = ADD_F | PE_PRESENT << 16
 MAX_ASK = 1 << 20          # pages in one request: more is not CRIU asking
 WORKERS = 8
 
-PageReader = Callable[[str, int, int], bytes]   # pages file, offset, length -> bytes
+PageReader = Callable[[str, int, int], list[bytes | memoryview]]  # file, offset, length -> pieces
 
 
 @dataclass
@@ -63,7 +63,7 @@ class PageServer:
     def serve(self) -> None:
         """Answer until CLOSE; raises what stopped it otherwise (the socket left open)."""
         self._started = time.monotonic()
-        answers: deque[Future[bytes]] = deque()
+        answers: deque[Future[list[bytes | memoryview]]] = deque()
         ready = threading.Condition()
         stop = self._stop = threading.Event()
 
@@ -104,7 +104,7 @@ class PageServer:
                                 ready.wait()
                         if stop.is_set():
                             break
-                        self._send(struct.pack("<i", 0))
+                        self._send([struct.pack("<i", 0)])
                         self.served.done_s = time.monotonic() - self._started
                         return
                     if command != GET or not 0 < pages <= MAX_ASK:
@@ -123,7 +123,7 @@ class PageServer:
                     future.cancel()
         raise self.failure or FormatError("the page server stopped")
 
-    def _answer(self, pid: int, vaddr: int, pages: int) -> bytes:
+    def _answer(self, pid: int, vaddr: int, pages: int) -> list[bytes | memoryview]:
         pagemap = self.pagemaps.get(pid)
         run = pagemap.find(vaddr) if pagemap else None
         if pagemap is None or run is None or not run.lazy:
@@ -132,16 +132,18 @@ class PageServer:
         first = (vaddr - run.vaddr) // PAGE
         count = min(pages, run.pages - first)
         data = self.read(pagemap.pages_file, run.offset + first * PAGE, count * PAGE)
-        return HEADER.pack(ANSWER, count, vaddr, pid) + data
+        return [HEADER.pack(ANSWER, count, vaddr, pid), *data]
 
-    def _send(self, message: bytes) -> None:
+    def _send(self, message: list[bytes | memoryview]) -> None:
         with self._write_lock:
-            self.sock.sendall(message)
-        if len(message) > 4:
+            for piece in message:
+                self.sock.sendall(piece)
+        size = sum(len(piece) for piece in message)
+        if size > 4:
             if not self.served.requests:
                 self.served.first_s = time.monotonic() - self._started
             self.served.requests += 1
-            self.served.pages += (len(message) - HEADER.size) // PAGE
+            self.served.pages += (size - HEADER.size) // PAGE
 
     def _receive(self, n: int) -> bytes | None:
         """`n` bytes; None at the end of the stream, or once the writer has stopped."""

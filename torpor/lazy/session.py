@@ -94,7 +94,7 @@ class LazyMemory:
         reassemble.rebuild(replace(index, files=pages), None, target, limits=limits,
                            chunks=source.chunk_of, ranges=ranges)
 
-    def read(self, pages_file: str, offset: int, length: int) -> bytes:
+    def read(self, pages_file: str, offset: int, length: int) -> list[bytes | memoryview]:
         assert self.source is not None
         return self.source.read(self.files[pages_file], offset, length)
 

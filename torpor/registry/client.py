@@ -170,7 +170,7 @@ class RepositoryClient:
         return self.session.request("GET", self._url(f"blobs/{digest}"), ok=(200, 206), headers=headers,
                                     scope=self.pull_scope, what=f"GET blob {digest}")
 
-    def read_range(self, digest: str, offset: int, length: int) -> bytes:
+    def read_range(self, digest: str, offset: int, length: int) -> bytearray:
         """`length` bytes of a blob from `offset` (a Range request; a registry that answers
         with the whole blob is read up to the range). Transient failures are retried; the
         bytes are the caller's to verify."""
@@ -178,23 +178,29 @@ class RepositoryClient:
             "GET", self._url(f"blobs/{digest}"), ok=(200, 206), scope=self.pull_scope,
             headers={"Range": f"bytes={offset}-{offset + length - 1}"},
             what=f"GET bytes {offset}-{offset + length - 1} of blob {digest}")
-        skip = offset if response.status == 200 else 0
-        data = bytearray()
+        data = bytearray(length)
+        view, got = memoryview(data), 0
         try:
-            for piece in response.iter_chunks():
-                if skip >= len(piece):
-                    skip -= len(piece)
-                    continue
-                data += piece[skip:]
-                skip = 0
-                if len(data) >= length:
-                    break
+            if response.status == 200:   # the whole blob: read up to the range
+                skip = offset
+                for piece in response.iter_chunks():
+                    if skip >= len(piece):
+                        skip -= len(piece)
+                        continue
+                    take = piece[skip:skip + length - got]
+                    view[got:got + len(take)] = take
+                    got, skip = got + len(take), 0
+                    if got == length:
+                        break
+            else:
+                while got < length and (n := response.readinto(view[got:])):
+                    got += n
         finally:
             response.close()
-        if len(data) < length:
+        if got < length:
             raise RegistryError(f"registry {self.session.registry} ended blob {digest} "
-                                f"{length - len(data)} bytes short of the range asked")
-        return bytes(data[:length])
+                                f"{length - got} bytes short of the range asked")
+        return data
 
     def _location(self, response: Response, request_url: str) -> str:
         location = response.header("Location")

@@ -127,7 +127,7 @@ class PullPlan:
                           self.top.descriptor.media_type, layout.root, len(network),
                           sum(b.size for b in network), skipped)
 
-    def read_range(self, digest: str, offset: int, length: int) -> bytes:
+    def read_range(self, digest: str, offset: int, length: int) -> bytearray:
         """Bytes of one of the image's blobs, unverified (a lazy restore's chunk, lazy/)."""
         return self._repo.read_range(digest, offset, length)
 
