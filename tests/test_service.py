@@ -184,6 +184,63 @@ def test_a_peer_other_than_root_is_refused(torpord: Torpord) -> None:
     assert "uid 65534" in answer["refused"] and "root only" in answer["refused"]
 
 
+def scheduled_rounds(node: Node, name: str) -> int:
+    for entry in json.loads(torpor(node, "schedule", "ls", "--json").stdout):
+        if entry["container"] == name:
+            return int(entry["rounds"])
+    raise AssertionError(f"no schedule for {name}")
+
+
+def test_schedules_of_two_containers_survive_a_restart_of_the_service(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object]) -> None:
+    """Two containers checkpointed every 2 s by the service, one round each at a time, each
+    keeping its 2 newest generations; torpord killed with SIGKILL and started again: the
+    rounds go on from the book in the image store, and the containers never stop."""
+    node = service_node
+    pair = ["svc-sched-a", "svc-sched-b"]
+    with containers(node) as names:
+        for name in pair:
+            names.append(name)
+            node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        for name in pair:
+            wait_counter_above(node, name, 2)
+            torpor(node, "schedule", "add", name, "-t", f"localhost/sched/{name}:s",
+                   "--every", "2s", "--keep", "2")
+        try:
+            wait_for(lambda: all(scheduled_rounds(node, n) >= 1 for n in pair), timeout=120,
+                     interval=0.5, what="a first round of each schedule")
+            kill_pid(torpord.pid)
+            assert torpord.proc is not None
+            torpord.proc.wait(10)
+            done = {n: scheduled_rounds(node, n) for n in pair}
+            torpord.start()
+            wait_for(lambda: all(scheduled_rounds(node, n) >= done[n] + 2 for n in pair),
+                     timeout=180, interval=0.5, what="two more rounds of each, after the restart")
+            listed = json.loads(torpor(node, "schedule", "ls", "--json").stdout)
+            assert all(e["last_status"] == 0 for e in listed if e["container"] in pair), listed
+        finally:
+            for name in pair:
+                torpor(node, "schedule", "rm", name, check=False)
+        refs = [e["ref"] for e in json.loads(torpor(node, "ls", "--json").stdout)]
+        for name in pair:
+            stamped = [r for r in refs if r.startswith(f"localhost/sched/{name}:s-")]
+            assert len(stamped) == 2, refs          # retention: the 2 newest
+            assert f"localhost/sched/{name}:s" in refs   # and the moving tag
+            assert task_status(node, name) == "RUNNING"
+        assert torpord.count("checkpoint") >= 4, torpord.metrics_text()
+
+
+def test_schedule_add_says_when_the_service_is_not_running(service_node: Node,
+                                                           tmp_path: Path) -> None:
+    config = tmp_path / "no-service.toml"
+    config.write_text(service_node.torpor_config.read_text().replace(
+        "torpord.sock", "nobody-listens.sock"))
+    said = torpor(service_node, "schedule", "add", "any", "-t", "localhost/x:y", "--every",
+                  "1m", env={"TORPOR_CONFIG": str(config)}, check=False)
+    assert said.returncode != 0
+    assert "torpord does not answer" in said.stderr and "systemctl" in said.stderr, said.stderr
+
+
 def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
         service_node: Node, torpord: Torpord, test_image: dict[str, object],
         tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ ALLOWED = {
     **{name: GROUND for name in ("registry", "capture", "runtime_config", "criu_images")},
     "ops": GROUND | CAPABILITIES,
     "cli": GROUND | CAPABILITIES | {"ops"},
-    "service": GROUND | {"cli"},  # torpord runs the CLI's commands, above it
+    "service": GROUND | {"cli", "ops"},  # torpord runs the CLI's commands (and schedules)
     "shim": GROUND | {"capture", "gpu", "criu_images"},
     "oci_hooks": GROUND | {"capture"},
 }

@@ -56,6 +56,9 @@ def parse_volumes(values: tuple[str, ...]) -> VolumePolicy | None:
               "the registry).")
 @click.option("--older-than", "older_than", callback=duration_option, metavar="DURATION",
               help="With --every: remove generations older than DURATION.")
+@click.option("--rounds", type=click.IntRange(min=1), metavar="N", hidden=True,
+              help="With --every: stop after N rounds (torpord runs its schedules one round "
+              "at a time); a round that made no generation is an error.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @recipient_option
 @registry_options
@@ -65,7 +68,8 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
                        leave_running: bool, tcp_established: bool,
                        file_locks: bool, ext_unix_sk: bool, shell_job: bool,
                        volumes: tuple[str, ...], every: float | None, keep: int | None,
-                       older_than: float | None, as_json: bool, recipients: tuple[str, ...],
+                       older_than: float | None, rounds: int | None, as_json: bool,
+                       recipients: tuple[str, ...],
                        username: str | None,
                        password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
     """Checkpoint CONTAINER (processes, memory, GPU, network, files).
@@ -93,10 +97,11 @@ def checkpoint_command(g: Globals, container: str, directory: str | None, oci: b
             raise click.UsageError("--every needs -t REF (and no -o DIR)")
         from torpor.cli.periodic import periodic  # the schedule's modules, only for a series
 
-        periodic(g, container, request, target, every, keep, older_than, as_json)
+        periodic(g, container, request, target, every, keep, older_than, as_json, rounds)
         return
-    if keep is not None or older_than is not None:
-        raise click.UsageError("--keep and --older-than go with --every (or use torpor prune)")
+    if keep is not None or older_than is not None or rounds is not None:
+        raise click.UsageError("--keep, --older-than and --rounds go with --every (or use "
+                               "torpor prune)")
     with g.client() as client:
         result = checkpoint(client, container, request, target, config.load(),
                             g.progress(quiet=as_json))

@@ -31,6 +31,7 @@ LAZY_COMMANDS = {
     "ls": ("torpor.cli.ls_cmd", "List the local checkpoint images."),
     "rm": ("torpor.cli.rm_cmd", "Delete local checkpoint images."),
     "prune": ("torpor.cli.prune_cmd", "Remove old checkpoint generations."),
+    "schedule": ("torpor.cli.schedule_cmd", "Periodic checkpoints run by torpord."),
     "estimate": ("torpor.cli.estimate_cmd",
                  "Estimate a container's next checkpoint, without taking it."),
     "recover": ("torpor.cli.recover_cmd", "Finish checkpoints a crashed torpor left."),

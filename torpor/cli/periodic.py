@@ -10,6 +10,7 @@ import click
 
 from torpor import config
 from torpor.cli.output import Globals, human_size
+from torpor.errors import CheckpointError
 from torpor.formats.request import CheckpointRequest
 from torpor.ops.checkpoint import CheckpointTarget
 from torpor.ops.prune import Retention
@@ -17,12 +18,16 @@ from torpor.ops.schedule import Round, Schedule, Stop, run
 
 
 def periodic(g: Globals, container: str, request: CheckpointRequest, target: CheckpointTarget,
-             every: float, keep: int | None, older_than: float | None, as_json: bool) -> None:
+             every: float, keep: int | None, older_than: float | None, as_json: bool,
+             rounds: int | None = None) -> None:
     retention = Retention(keep, older_than) if keep is not None or older_than is not None \
         else None
-    schedule = Schedule(every, retention)
+    schedule = Schedule(every, retention, rounds=rounds)
+    errors: list[str] = []
 
     def report(outcome: Round) -> None:
+        if outcome.error is not None:
+            errors.append(outcome.error)
         if as_json:
             click.echo(json.dumps(outcome.to_json(), sort_keys=True, default=str))
             return
@@ -47,3 +52,6 @@ def periodic(g: Globals, container: str, request: CheckpointRequest, target: Che
                    g.progress(quiet=True))
     if not as_json:
         click.echo(f"stopped after {done} generation(s) of {container}")
+    if rounds is not None and done < rounds:   # torpord's round: its status is the outcome
+        raise CheckpointError(f"{rounds - done} of {rounds} round(s) of {container} made no "
+                              f"generation" + (f": {errors[-1]}" if errors else ""))

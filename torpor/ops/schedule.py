@@ -54,7 +54,7 @@ class Schedule:
     every_s: float
     retention: Retention | None = None
     max_failures: int = 3
-    rounds: int | None = None          # stop after this many rounds (None: until a signal)
+    rounds: int | None = None          # stop after this many rounds tried (None: until a signal)
 
     def __post_init__(self) -> None:
         if self.every_s < 1:
@@ -144,9 +144,9 @@ def run(client: Client, container_id: str, request: CheckpointRequest, target: C
         raise ConfigError("a periodic checkpoint needs -t REF")
     series = Series.of(target.ref)
     request = replace(request, criu=replace(request.criu, leave_running=True))
-    failures = done = 0
+    failures = done = tried = 0
     next_start = time.monotonic()
-    while not stop.requested and (schedule.rounds is None or done < schedule.rounds):
+    while not stop.requested and (schedule.rounds is None or tried < schedule.rounds):
         if stop.wait(next_start - time.monotonic()):
             break
         next_start += schedule.every_s
@@ -155,6 +155,7 @@ def run(client: Client, container_id: str, request: CheckpointRequest, target: C
         outcome = _round(client, container_id, request, target, series, schedule, cfg,
                          done + 1, progress)
         on_round(outcome)
+        tried += 1
         if outcome.error is None:
             done += 1
             failures = 0

@@ -7,6 +7,14 @@ torpord killed meanwhile loses no answer; the service answers for a child killed
 and records every child's status and time in the metrics. A caller that goes away (its
 connection closes) has its command sent SIGTERM, as a terminal closing on an in-process
 command would. SIGTERM stops the service: the socket goes, running commands run on.
+
+Schedules (`torpor schedule add`, ops/schedule_book.py): about once a second the loop reads the
+book, and forks a child for each schedule that is due and has no round running, the round
+being `torpor checkpoint C -t REF --every D --rounds 1` run as any command is, its output
+appended to `[runtime] log_dir`/schedule-NS-C.log; when it is reaped, its start, length and
+exit status go into the book. The book lives in the image store, so schedules outlive a
+restart of the service (a round due meanwhile runs at once); a round running when the service
+is killed finishes on its own.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from torpor import config
 from torpor.cli import handoff
 from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError, TorporError
+from torpor.ops.schedule_book import Book, Entry
 from torpor.service import child, peer
 from torpor.service.metrics import Metrics, command_of, exit_status
 
@@ -41,6 +50,8 @@ class Job:
     command: str
     started: float
     caller_gone: bool = False
+    schedule: Entry | None = None   # a schedule's round: no caller, its outcome to the book
+    wall_started: float = 0.0
 
 
 def listen(path: str) -> socket.socket:
@@ -62,9 +73,13 @@ def listen(path: str) -> socket.socket:
 
 
 class Service:
-    def __init__(self, socket_path: str, metrics: Metrics) -> None:
+    def __init__(self, socket_path: str, metrics: Metrics, book: Book | None = None,
+                 log_dir: str = "") -> None:
         self.path = socket_path
         self.metrics = metrics
+        self.book, self.log_dir = book, log_dir
+        self.rounds: dict[tuple[str, str], Job] = {}   # schedule -> its round running
+        self._book_error = ""
         self.selector = selectors.DefaultSelector()
         self.listener = listen(socket_path)
         self.jobs: dict[int, Job] = {}  # pidfd -> job
@@ -73,7 +88,8 @@ class Service:
     def serve(self) -> None:
         try:
             while True:
-                for key, _ in self.selector.select():
+                events = self.selector.select(timeout=SCHEDULE_TICK_S if self.book else None)
+                for key, _ in events:
                     if key.data == "accept":
                         self.accept()
                     elif key.data == "child":
@@ -81,6 +97,7 @@ class Service:
                             self.reap(self.jobs[key.fd])
                     elif key.data.pidfd in self.jobs and not key.data.caller_gone:
                         self.caller_gone(key.data)  # not one reaped earlier in this batch
+                self.run_due()
         except Stop:
             pass
         finally:
@@ -152,6 +169,51 @@ class Service:
         except OSError:
             pass
 
+    def run_due(self) -> None:
+        """A round for every schedule that is due and has none running."""
+        if self.book is None:
+            return
+        try:
+            entries = self.book.read()
+        except TorporError as e:
+            if str(e) != self._book_error:   # said once, not every second
+                self._book_error = str(e)
+                sys.stderr.write(f"torpord: schedules: {e}\n")
+            return
+        now = time.time()
+        for entry in entries:
+            if entry.key not in self.rounds and entry.next_due() <= now:
+                self.start_round(entry)
+
+    def start_round(self, entry: Entry) -> None:
+        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        log = os.open(os.path.join(self.log_dir, f"schedule-{entry.namespace}-"
+                                                 f"{entry.container}.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            os.write(log, time.strftime("--- %Y-%m-%dT%H:%M:%SZ round\n", time.gmtime()).encode())
+            close = [self.listener.fileno(), self.selector.fileno(), ours.fileno(),
+                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
+            metrics_fd = self.metrics.listening_fd()
+            if metrics_fd is not None:
+                close.append(metrics_fd)
+            started, wall = time.monotonic(), time.time()
+            pid = os.fork()
+            if pid == 0:
+                child.run(theirs, [null, log, os.dup(log)], entry.argv(), dict(os.environ),
+                          "/", 0o077, close)
+        finally:
+            for fd in (log, null):
+                os.close(fd)
+            theirs.close()
+        job = Job(pid, os.pidfd_open(pid), ours, command_of(entry.argv()), started,
+                  caller_gone=True, schedule=entry, wall_started=wall)
+        self.jobs[job.pidfd] = job
+        self.rounds[entry.key] = job
+        self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
+
     def caller_gone(self, job: Job) -> None:
         """The caller's connection is readable: it sends nothing more, so it closed."""
         self.selector.unregister(job.conn)
@@ -168,6 +230,14 @@ class Service:
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
         del self.jobs[job.pidfd]
+        if job.schedule is not None:
+            self.rounds.pop(job.schedule.key, None)
+            if self.book is not None:
+                try:
+                    self.book.record(job.schedule.key, job.wall_started,
+                                     time.monotonic() - job.started, status)
+                except (TorporError, OSError) as e:
+                    sys.stderr.write(f"torpord: schedules: {e}\n")
         if not job.caller_gone:
             self.selector.unregister(job.conn)
             if os.WIFSIGNALED(wait_status):  # the child could not say it
@@ -176,6 +246,9 @@ class Service:
                 except OSError:
                     pass
         job.conn.close()
+
+
+SCHEDULE_TICK_S = 1.0   # how often the book is read for rounds due
 
 
 def warm_up() -> None:
@@ -201,7 +274,8 @@ def main() -> int:
             metrics.serve(cfg.service_metrics)
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-        service = Service(cfg.service_socket, metrics)
+        service = Service(cfg.service_socket, metrics, Book(cfg.image_store),
+                          cfg.runtime_log_dir)
     except (TorporError, OSError) as e:
         sys.stderr.write(f"torpord: error: {e}\n")
         return e.exit_code if isinstance(e, TorporError) else 1
