@@ -32,8 +32,8 @@ LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its fi
 RemoteRange = Callable[[str, int, int], bytes | bytearray]  # digest, offset, length (unverified)
 CACHE_BYTES = 128 << 20
 RUN_BYTES = 8 << 20       # one range request at most
-READ_AHEAD = 16 << 20     # fetched behind each read, of the same file
-FETCHERS = 4
+READ_AHEAD = 64 << 20     # fetched behind each read, of the same file
+FETCHERS = 6
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
