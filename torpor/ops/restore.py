@@ -434,13 +434,22 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
 
 
 def _cgroup_dirs(spec: OciSpec) -> list[str]:
-    """Where a cgroupfs container's processes will be (the guard's, torpor.lazy.guard, should
-    torpor die before their task is known); none for systemd's slice:prefix:name paths."""
+    """Where the container's processes will be, on cgroup v1 (freezer) and v2: the guard's
+    (torpor.lazy.guard), should torpor die before their task is known. A cgroupfs path as it
+    is; systemd's slice:prefix:name as systemd lays it out (a-b.slice under a.slice)."""
     path = str((spec.get("linux") or {}).get("cgroupsPath") or "")
-    if not path.startswith("/") or ":" in path:
+    if path.startswith("/") and ":" not in path:
+        relative = path.lstrip("/")
+    elif path.count(":") == 2:
+        unit_slice, prefix, name = path.split(":")
+        unit_slice = unit_slice or "system.slice"
+        words = unit_slice.removesuffix(".slice").split("-")
+        slices = [f"{'-'.join(words[:n])}.slice" for n in range(1, len(words) + 1)]
+        relative = os.path.join(*slices, f"{prefix}-{name}.scope" if prefix else name)
+    else:
         return []
-    return [os.path.join("/sys/fs/cgroup/freezer", path.lstrip("/")),
-            os.path.join("/sys/fs/cgroup", path.lstrip("/"))]
+    return [os.path.join("/sys/fs/cgroup/freezer", relative),
+            os.path.join("/sys/fs/cgroup", relative)]
 
 
 RUNTIME_SLACK_S = 30.0  # containerd's deadline on Tasks.Start, past torpor-runc's on runc
