@@ -31,7 +31,7 @@ def serve(reader: PageReader = read) -> tuple[socket.socket, threading.Thread, l
 
     def run() -> None:
         try:
-            PageServer(ours, {PID: MAP}, reader, 7).serve()
+            PageServer(ours, {PID: MAP}, reader).serve()
         except BaseException as e:
             failures.append(e)
 

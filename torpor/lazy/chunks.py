@@ -41,9 +41,6 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 class Counts:
     local_bytes: int = 0
     remote_bytes: int = 0
-    remote_requests: int = 0
-    retries: int = 0
-    last_error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -214,13 +211,9 @@ class ChunkSource:
                 span = self._remote(digest, start, length)
                 with self.counts.lock:
                     self.counts.remote_bytes += len(span)
-                    self.counts.remote_requests += 1
                 return span
             except RegistryError as e:
                 delay = next(delays, RETRY_S[-1])
-                with self.counts.lock:
-                    self.counts.retries += 1
-                    self.counts.last_error = str(e)
                 if time.monotonic() + delay > self._give_up_at():
                     raise DeadlineExceeded(
                         f"the registry did not give chunk {first.digest} of pack {digest} "
@@ -237,9 +230,10 @@ class ChunkSource:
         if path is None:
             return None
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if os.fstat(fd).st_size != pack.size:
+        size = os.fstat(fd).st_size
+        if size != pack.size:
             os.close(fd)
-            raise DigestMismatch(f"pack {pack.digest} is {os.path.getsize(path)} bytes here, "
+            raise DigestMismatch(f"pack {pack.digest} is {size} bytes here, "
                                  f"not the {pack.size} its index says")
         with self._lock:
             if number in self._fds:

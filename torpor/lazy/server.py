@@ -45,15 +45,12 @@ PageReader = Callable[[str, int, int], list[bytes | memoryview]]  # file, offset
 @dataclass
 class Served:
     pages: int = 0
-    requests: int = 0
-    first_s: float = 0.0     # the first answer, after serve() started
-    done_s: float = 0.0      # CLOSE answered
+    done_s: float = 0.0      # CLOSE answered, after serve() started
 
 
 class PageServer:
-    def __init__(self, sock: socket.socket, pagemaps: dict[int, Pagemap], read: PageReader,
-                 total_pages: int) -> None:
-        self.sock, self.pagemaps, self.read, self.total_pages = sock, pagemaps, read, total_pages
+    def __init__(self, sock: socket.socket, pagemaps: dict[int, Pagemap], read: PageReader) -> None:
+        self.sock, self.pagemaps, self.read = sock, pagemaps, read
         self.served = Served()
         self.failure: BaseException | None = None
         self._write_lock = threading.Lock()
@@ -140,9 +137,6 @@ class PageServer:
                 self.sock.sendall(piece)
         size = sum(len(piece) for piece in message)
         if size > 4:
-            if not self.served.requests:
-                self.served.first_s = time.monotonic() - self._started
-            self.served.requests += 1
             self.served.pages += (size - HEADER.size) // PAGE
 
     def _receive(self, n: int) -> bytes | None:

@@ -48,8 +48,7 @@ START_S = 10.0
 @dataclass(frozen=True)
 class LazyResult:
     lazy_bytes: int          # what arrived after the workload ran
-    first_page_s: float      # the first page served, after the task started
-    complete_s: float        # the last, after the task started
+    complete_s: float        # the last page placed, after the page source started
     remote_bytes: int        # fetched from the registry by range requests
     local_bytes: int         # read from packs on this node
 
@@ -128,8 +127,7 @@ class LazyPages:
             os.close(guard_r)
         for path in cgroups:
             self._tell(f"cgroup {path}")
-        self.server = PageServer(ours, memory.pagemaps, memory.read,
-                                 memory.lazy_bytes // pagemap.PAGE)
+        self.server = PageServer(ours, memory.pagemaps, memory.read)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="torpor-page-server",
                                         daemon=True)
@@ -192,7 +190,7 @@ class LazyPages:
         assert self.memory.source is not None
         served = self.server.served
         counts = self.memory.source.counts
-        return LazyResult(self.memory.lazy_bytes, served.first_s, served.done_s,
+        return LazyResult(self.memory.lazy_bytes, served.done_s,
                           counts.remote_bytes, counts.local_bytes)
 
     def kill(self) -> None:
