@@ -6,6 +6,7 @@ it, ends in a clean error with the workload killed and nothing of the restore le
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -106,51 +107,19 @@ def test_a_lazily_restored_workload_runs_on_its_exact_memory(
         assert ask_sum(b, f"{name}-2") == at_start
 
 
-def test_a_registry_gone_mid_stream_kills_the_workload_and_leaves_nothing(
-        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
-        session_dir: Path) -> None:
-    a, b = lazy_nodes
-    name = "lazy-cut"
+@contextlib.contextmanager
+def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str,
+             ) -> Iterator[tuple[subprocess.Popen[str], list[str], ThrottledProxy]]:
+    """`name` checkpointed on a and restored on b with --lazy through a slow proxy to the
+    registry, stopped at the moment the workload runs and its memory is arriving: the restore
+    (in-process, no torpord), what it said so far, the proxy."""
+    a, b = nodes
     repo = f"lazy/{name}:1"
     proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
     try:
         with containers(a) as on_a, containers(b) as on_b:
             on_a.append(name)
-            start_memhog(a, str(test_image["name"]), name, MIB)
-            run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
-            on_b.append(name)
-            restore = subprocess.Popen(
-                [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--lazy"],
-                env=b.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            assert restore.stdout is not None
-            said = []
-            for line in restore.stdout:
-                said.append(line)
-                if "its memory is arriving" in line:
-                    proxy.close()   # the registry is gone, the workload running
-                    break
-            said.append(restore.communicate(timeout=120)[0])
-            text = "".join(said)
-            assert restore.returncode != 0, text
-            assert "its memory is arriving" in text, text
-            assert "killed" in text and "deadline" in text, text
-            assert left_behind(b, session_dir, name) == [], text
-    finally:
-        proxy.close()
-
-
-def test_torpor_killed_mid_stream_takes_the_workload_with_it(
-        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
-    """torpor itself killed while the memory arrives: its guard kills the workload before the
-    page source closes, so it never runs on with the zeros the kernel would give it."""
-    a, b = lazy_nodes
-    name = "lazy-orphan"
-    repo = f"lazy/{name}:1"
-    proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
-    try:
-        with containers(a) as on_a, containers(b) as on_b:
-            on_a.append(name)
-            start_memhog(a, str(test_image["name"]), name, MIB)
+            start_memhog(a, image, name, MIB)
             run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
             on_b.append(name)
             restore = subprocess.Popen(
@@ -158,17 +127,43 @@ def test_torpor_killed_mid_stream_takes_the_workload_with_it(
                 env={**b.env, "TORPOR_NO_SERVICE": "1"}, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True)
             assert restore.stdout is not None
+            said = []
             for line in restore.stdout:
+                said.append(line)
                 if "its memory is arriving" in line:
-                    assert task_status(b, name) == "RUNNING"
-                    restore.kill()
                     break
-            restore.wait(30)
-            wait_for(lambda: task_status(b, name) != "RUNNING", timeout=30,
-                     what="the orphaned workload to be killed")
-            assert task_status(b, name) == "STOPPED"
+            assert "its memory is arriving" in "".join(said), said
+            yield restore, said, proxy
     finally:
         proxy.close()
+
+
+def test_a_registry_gone_mid_stream_kills_the_workload_and_leaves_nothing(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    name = "lazy-cut"
+    with arriving(lazy_nodes, registry, str(test_image["name"]), name) as (restore, said, proxy):
+        proxy.close()   # the registry is gone, the workload running
+        said.append(restore.communicate(timeout=120)[0])
+        text = "".join(said)
+        assert restore.returncode != 0, text
+        assert "killed" in text and "deadline" in text, text
+        assert left_behind(lazy_nodes[1], session_dir, name) == [], text
+
+
+def test_torpor_killed_mid_stream_takes_the_workload_with_it(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
+    """torpor itself killed while the memory arrives: its guard kills the workload before the
+    page source closes, so it never runs on with the zeros the kernel would give it."""
+    b = lazy_nodes[1]
+    name = "lazy-orphan"
+    with arriving(lazy_nodes, registry, str(test_image["name"]), name) as (restore, _, _proxy):
+        assert task_status(b, name) == "RUNNING"
+        restore.kill()
+        restore.wait(30)
+        wait_for(lambda: task_status(b, name) != "RUNNING", timeout=30,
+                 what="the orphaned workload to be killed")
+        assert task_status(b, name) == "STOPPED"
 
 
 def test_a_damaged_pack_is_refused_before_its_bytes_are_used(

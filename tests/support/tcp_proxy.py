@@ -47,8 +47,12 @@ class DroppingProxy:
             upstream = socket.create_connection(self.upstream)
             with self._lock:
                 self._sockets += [client, upstream]
-            threading.Thread(target=self._client_to_upstream, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+            self._forward(client, upstream)
+
+    def _forward(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Start the threads that carry one connection, each way."""
+        threading.Thread(target=self._client_to_upstream, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
@@ -120,20 +124,12 @@ class DownloadDroppingProxy(DroppingProxy):
         self.forwarded_down = 0
         super().__init__(upstream_port, nth=nth, method=b"GET", body_bytes=body_bytes)
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            with self._lock:
-                self._sockets += [client, upstream]
-            armed = threading.Event()
-            threading.Thread(target=self._requests, args=(client, upstream, armed),
-                             daemon=True).start()
-            threading.Thread(target=self._answers, args=(upstream, client, armed),
-                             daemon=True).start()
+    def _forward(self, client: socket.socket, upstream: socket.socket) -> None:
+        armed = threading.Event()
+        threading.Thread(target=self._requests, args=(client, upstream, armed),
+                         daemon=True).start()
+        threading.Thread(target=self._answers, args=(upstream, client, armed),
+                         daemon=True).start()
 
     def _requests(self, client: socket.socket, upstream: socket.socket,
                   armed: threading.Event) -> None:
@@ -196,17 +192,9 @@ class ThrottledProxy(DroppingProxy):
         self._next_send = 0.0
         super().__init__(upstream_port, nth=0)
 
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            with self._lock:
-                self._sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._slow, args=(upstream, client), daemon=True).start()
+    def _forward(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._slow, args=(upstream, client), daemon=True).start()
 
     def _slow(self, upstream: socket.socket, client: socket.socket) -> None:
         import time
