@@ -348,23 +348,30 @@ def test_a_process_on_two_gpus_needs_pairs_for_both(
 
 def test_what_the_driver_cannot_checkpoint(driver: cuda.CudaDriver, fake_libs: FakeLibs,
                                            fake_node: FakeNode, tmp_path: Path) -> None:
-    """MIG, MPS and UVM are not supported (CRIU's cuda plugin README); UVM leaves the process
-    FAILED (cuda-checkpoint README: not kept "in a good state")."""
+    """MIG, MPS and UVM managed memory are not supported (CRIU's cuda plugin README): the
+    checkpoint answers NOT_SUPPORTED and leaves the process LOCKED, from where unlock resumes it
+    (managed memory on an H200, driver 580.159.04). The CUDA runtime's own window of
+    /dev/nvidia-uvm, which every CUDA process maps, is no managed memory."""
     fake_node.configure([gpu(H200, 0, mig=1), gpu(H200, 1)])
     cases = [("mig", fake_node.process_env("mig", 0), ()),
              ("mps", fake_node.process_env("mps", 1, mps=True), ()),
-             ("uvm", fake_node.process_env("uvm", 1), ("--uvm", str(tmp_path)))]
+             ("uvm", fake_node.process_env("uvm", 1), ("--managed", str(tmp_path))),
+             ("window", fake_node.process_env("window", 1), ("--uvm", str(tmp_path / "w")))]
+    (tmp_path / "w").mkdir()
     procs = [start_worker(fake_libs.worker, env, *args) for _, env, args in cases]
     try:
         for (token, _, _), proc in zip(cases, procs, strict=True):
             wait_for(Path(f"/tmp/counter.{token}").exists, what=token)
             driver.lock(proc.pid, 1000)
-            with pytest.raises(CudaError, match="CUDA_ERROR_NOT_SUPPORTED"):
+            if token == "window":
                 driver.checkpoint(proc.pid)
-            expected = ProcessState.FAILED if token == "uvm" else ProcessState.LOCKED
-            assert driver.state(proc.pid) == expected, token
-            if token != "uvm":
-                driver.unlock(proc.pid)
+                driver.restore(proc.pid)
+            else:
+                with pytest.raises(CudaError, match="CUDA_ERROR_NOT_SUPPORTED"):
+                    driver.checkpoint(proc.pid)
+            assert driver.state(proc.pid) == ProcessState.LOCKED, token
+            driver.unlock(proc.pid)
+            assert driver.state(proc.pid) == ProcessState.RUNNING, token
     finally:
         for (token, _, _), proc in zip(cases, procs, strict=True):
             proc.kill()

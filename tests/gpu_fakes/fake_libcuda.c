@@ -57,11 +57,11 @@
  * What the driver does not support (CRIU plugins/cuda/README.md: "NVIDIA UVM Managed Memory,
  * MIG (Multi Instance GPU), and MPS (Multi-Process Service) are currently not supported for
  * checkpointing"): checkpoint answers CUDA_ERROR_NOT_SUPPORTED for a process on a GPU with MIG
- * on, for an MPS client (FAKE_CUDA_MPS=1), and for a process with UVM managed memory (a
- * mapping of /dev/nvidia-uvm: cudaMallocManaged maps it, google/gvisor issue 10331); UVM also
- * leaves the process FAILED: the README says cuda-checkpoint "does not attempt to keep the
- * process in a good state if an error (such as the presence of a UVM allocation) is
- * encountered during checkpoint or restore".
+ * on, for an MPS client (FAKE_CUDA_MPS=1), and for a process with UVM managed memory: a
+ * mapping of /dev/nvidia-uvm other than the CUDA runtime's own 2 MiB window, which every CUDA
+ * process maps (both seen on an H200 with driver 580.159.04: PyTorch and CuPy map the window
+ * and checkpoint; 1 GiB of CuPy managed memory adds a 1 GiB mapping, and its checkpoint answers
+ * CUDA_ERROR_NOT_SUPPORTED, leaving the process LOCKED, from where unlock resumes it whole).
  *
  * Driver 570 up to 575.57.08, partial GPU passthrough (a process seeing fewer GPUs than the
  * node has): checkpoint and restore answer CUDA_ERROR_NOT_PERMITTED, "operation not
@@ -334,12 +334,23 @@ static int partial_passthrough_broken(const struct call *c) {
     return version >= 570000000L && version < 575057008L && c->proc.ngpus < c->node.count;
 }
 
-/* A mapping of /dev/nvidia-uvm in the process: UVM managed memory. */
+/* A mapping of /dev/nvidia-uvm in the process other than the runtime's 2 MiB window: UVM
+   managed memory. */
 static int uses_uvm(int pid) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/maps", pid);
     char *maps = fake_read_file(path, NULL);
-    int found = maps && strstr(maps, "/nvidia-uvm\n") != NULL;
+    int found = 0;
+    for (char *line = maps; line && *line && !found;) {
+        char *end = strchr(line, '\n');
+        if (end) *end = 0;
+        unsigned long start = 0, stop = 0;
+        size_t len = strlen(line);
+        if (len >= 11 && !strcmp(line + len - 11, "/nvidia-uvm") &&
+            sscanf(line, "%lx-%lx", &start, &stop) == 2 && stop - start != (1UL << 21))
+            found = 1;
+        line = end ? end + 1 : NULL;
+    }
     free(maps);
     return found;
 }
@@ -443,10 +454,7 @@ int cuCheckpointProcessCheckpoint(int pid, PlainArgs *args) {
     if (args && !zeroed(args, sizeof *args)) return finish(&c, INVALID_VALUE);
     if (c.proc.slot[0] != 'L') return finish(&c, ILLEGAL_STATE);
     if (on_mig_gpu(&c) || c.proc.mps) return finish(&c, NOT_SUPPORTED);
-    if (uses_uvm(pid)) {
-        set_state(&c, 'F');
-        return finish(&c, NOT_SUPPORTED);
-    }
+    if (uses_uvm(pid)) return finish(&c, NOT_SUPPORTED);
     if (partial_passthrough_broken(&c)) return finish(&c, NOT_PERMITTED);
     wait_restore_thread(&c);
     return finish(&c, set_state(&c, 'C'));

@@ -1,6 +1,6 @@
 /* gpuworker: a stand-in for a CUDA workload, for the fake driver (see fake_gpu.h).
  *
- *   gpuworker [--children N] [--uring] [--uvm DIR]
+ *   gpuworker [--children N] [--uring] [--uvm DIR] [--managed DIR]
  *
  * Its CUDA state is the FAKE_CUDA_STATE slot in its own environment, which the fake driver
  * rewrites in place. Like a CUDA program whose calls block while the driver holds it locked
@@ -13,7 +13,10 @@
  *
  * --children N starts N more workers (tokens <token>-1 .. <token>-N, each with its own slot).
  * --uring holds an io_uring instance, which CRIU cannot dump: a checkpoint fails in CRIU.
- * --uvm DIR maps DIR/nvidia-uvm (a file it creates) as UVM managed memory maps /dev/nvidia-uvm.
+ * --uvm DIR maps 2 MiB of DIR/nvidia-uvm (a file it creates), as every CUDA process maps the
+ * CUDA runtime's own window of /dev/nvidia-uvm (PyTorch and CuPy on an H200, driver 580).
+ * --managed DIR does that and maps 64 MiB more of it, as a cudaMallocManaged allocation adds a
+ * mapping of /dev/nvidia-uvm of its own size: UVM managed memory.
  * --sleeper starts a child that is no CUDA process and only sleeps (/tmp/sleeper.<token> holds
  * its pid).
  */
@@ -80,13 +83,17 @@ static void *restore_thread(void *unused) {
     return NULL;
 }
 
-static void map_uvm(const char *dir) {
+static void map_uvm(const char *dir, size_t managed) {
     char path[512];
     snprintf(path, sizeof path, "%s/nvidia-uvm", dir);
+    size_t window = 1 << 21;
     int fd = open(path, O_RDWR | O_CREAT, 0600);
-    if (fd < 0 || ftruncate(fd, 1 << 21) < 0 ||
-        mmap(NULL, 1 << 21, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED)
-        perror("gpuworker: --uvm");
+    if (fd < 0 || ftruncate(fd, window + managed) < 0 ||
+        mmap(NULL, window, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED ||
+        (managed && mmap(NULL, managed, PROT_READ | PROT_WRITE, MAP_SHARED, fd, window)
+                        == MAP_FAILED))
+        perror("gpuworker: --uvm/--managed");
+    if (fd >= 0) close(fd);
 }
 
 int main(int argc, char **argv) {
@@ -106,7 +113,9 @@ int main(int argc, char **argv) {
             unsigned char params[120] = {0};
             if (syscall(SYS_io_uring_setup, 4, params) < 0) perror("gpuworker: io_uring_setup");
         } else if (!strcmp(argv[i], "--uvm") && i + 1 < argc) {
-            map_uvm(argv[++i]);
+            map_uvm(argv[++i], 0);
+        } else if (!strcmp(argv[i], "--managed") && i + 1 < argc) {
+            map_uvm(argv[++i], 64 << 20);
         } else if (!strcmp(argv[i], "--sleeper")) {
             start_sleeper(token);
         }

@@ -12,8 +12,10 @@ Checkpoint, before `runc checkpoint` (suspend_for_checkpoint):
  3. refuse, all reasons at once and before anything is locked, what cannot be checkpointed:
     CRIU's own cuda plugin acting too; a process the driver already holds LOCKED,
     CHECKPOINTED or FAILED; MIG on a GPU the container sees, MPS clients, UVM managed memory
-    (the driver "does not attempt to keep the process in a good state" when it meets one,
-    cuda-checkpoint README); a container given only some GPUs on drivers 570 to 575.57.07.
+    (mappings of /dev/nvidia-uvm beyond the CUDA runtime's own window: managed_memory); a
+    container given only some GPUs on drivers 570 to 575.57.07. What these checks miss, the
+    driver refuses at checkpoint (CUDA_ERROR_NOT_SUPPORTED, the process left LOCKED: seen on
+    an H200 with driver 580.159.04), and the undo unlocks it.
     With persistence mode off on a GPU the container sees, cuInit runs now: the resume needs
     it ("restore requires persistence mode to be enabled or cuInit to have been called"), and
     if it fails nothing has changed yet;
@@ -291,14 +293,31 @@ def find_cuda_processes(worker: DriverWorker, pids: list[int]) -> list[int]:
     return found
 
 
-def uses_uvm(pid: int) -> bool:
-    """Does pid map /dev/nvidia-uvm, as UVM managed memory (cudaMallocManaged) does?"""
+RUNTIME_UVM_WINDOW = 2 << 20  # every CUDA process maps one of these (seen on 580.159.04)
+
+
+def managed_memory(pid: int) -> int:
+    """Bytes of UVM managed memory (cudaMallocManaged) pid maps, as far as its mappings tell.
+
+    Every CUDA process maps /dev/nvidia-uvm: the CUDA runtime's own 2 MiB window (PyTorch 2.11
+    and CuPy 14 on an H200, driver 580.159.04), which the driver checkpoints like any other.
+    A managed allocation adds a mapping of its own size (1 GiB of CuPy managed memory: one more
+    mapping of 1 GiB). Mappings of exactly the window's size are not counted, so a managed
+    allocation of 2 MiB goes unseen here; the driver then refuses the checkpoint itself
+    (CUDA_ERROR_NOT_SUPPORTED, the process left LOCKED), and torpor unlocks it."""
+    total = 0
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return any(line.rstrip("\n").removesuffix(" (deleted)").endswith("/nvidia-uvm")
-                       for line in f)
-    except OSError:
-        return False
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].rstrip("\n").removesuffix(
+                        " (deleted)").endswith("/nvidia-uvm"):
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    if end - start != RUNTIME_UVM_WINDOW:
+                        total += end - start
+    except (OSError, ValueError):
+        return 0
+    return total
 
 
 def is_stopped(pid: int) -> bool:
@@ -331,10 +350,12 @@ def _unsupported(worker: DriverWorker, pids: list[int], recorded: GpuInventory |
     if mps:
         problems.append(f"pids {', '.join(map(str, mps))} are clients of an MPS server, which "
                         "CUDA checkpoints do not support")
-    uvm = [pid for pid in pids if uses_uvm(pid)]
-    if uvm:
-        problems.append(f"pids {', '.join(map(str, uvm))} use UVM managed memory (they map "
-                        "/dev/nvidia-uvm), which CUDA checkpoints do not support")
+    managed = {pid: n for pid in pids if (n := managed_memory(pid))}
+    if managed:
+        problems.append("UVM managed memory (cudaMallocManaged), which CUDA checkpoints do not "
+                        "support, in " + ", ".join(f"pid {pid} ({inventory.gib(n)} mapped from "
+                                                   "/dev/nvidia-uvm)"
+                                                   for pid, n in managed.items()))
     if recorded is not None:
         problems.extend(m for m in (compat.partial_passthrough_refusal(recorded, seen,
                                                                        "checkpoint"),) if m)
@@ -351,6 +372,17 @@ def _lock(worker: DriverWorker, pid: int, timeout_ms: int) -> None:
                        "not reach a point where it can stop (CUDA_ERROR_NOT_READY)",
                        hint="the container keeps running; retry, or raise [gpu] lock_timeout_ms "
                        "in the torpor config") from None
+
+
+def _checkpoint(worker: DriverWorker, pid: int, held: int) -> None:
+    try:
+        worker.checkpoint(pid, held)
+    except CudaError as e:
+        if e.code == cuda.NOT_SUPPORTED:  # the process stays LOCKED (580.159.04); resume unlocks
+            e.message += (": the driver does not checkpoint this process; it uses something CUDA "
+                          "checkpoints do not support (UVM managed memory, MIG, MPS, CUDA IPC "
+                          "or NCCL)")
+        raise
 
 
 def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitStack, log: Log,
@@ -398,7 +430,7 @@ def suspend_for_checkpoint(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitSta
                     _lock(worker, pid, cfg.gpu_lock_timeout_ms)
                 for pid in cuda_pids:
                     assumed[pid] = ProcessState.CHECKPOINTED
-                    worker.checkpoint(pid, held.get(pid, 0))
+                    _checkpoint(worker, pid, held.get(pid, 0))
             except BaseException as e:
                 failures = resume(cfg, worker, list(assumed), log, recorded=recorded,
                                   assumed=assumed)
