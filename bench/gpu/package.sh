@@ -46,7 +46,7 @@ chmod 755 "$OUT/bin/criu"
 done
 cp "$PYNVML" "$OUT/python/pynvml.py"
 touch "$OUT/python/bench/__init__.py"
-cp "$TOP"/bench/gpu/{__init__,preflight,run,workload}.py "$OUT/python/bench/gpu/"
+cp "$TOP"/bench/gpu/{__init__,preflight,run,session_check,workload}.py "$OUT/python/bench/gpu/"
 
 cat > "$OUT/run.sh" <<'RUN'
 #!/bin/sh

@@ -10,8 +10,12 @@ torpor's CUDA driver binding around plain CRIU (no containerd), and the GB/s of 
  3. verify its memory against the pattern;
  4. checkpoint: lock, checkpoint (GPU memory moves into the process's host memory), then
     `criu dump` of the process tree, which ends the process;
- 5. restore: `criu restore --restore-detached`, then the driver's restore and unlock;
- 6. verify again, and check that it computes on from where it was;
+ 5. restore: `criu restore --restore-detached`, then the driver's restore and unlock; with
+    --lazy, `criu lazy-pages` serves the process's memory from the images over userfaultfd
+    while it runs, so the driver's copy back to the GPU overlaps the host memory's arrival
+    (the restore is complete when lazy-pages has placed the last page and exits);
+ 6. the time to the first answer: from the restore's start until the workload has computed a
+    step on the GPU again; then verify again, and check that it computes on from where it was;
  7. report: seconds and GB/s (10^9 bytes of the process's GPU memory per second) per step.
 
 CRIU runs with --no-default-config and CRIU_LIBS_DIR set to an empty directory, so a
@@ -28,17 +32,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.gpu import preflight
+from torpor.errors import CudaError
 from torpor.gpu import cuda, inventory
 from torpor.gpu.cuda import ProcessState
 
 HERE = Path(__file__).resolve().parent
 CRIU_FLAGS = ["--no-default-config", "-v4", "--shell-job", "--file-locks", "--link-remap"]
 CRIUGPU_H100 = {"checkpoint": 0.7, "restore": 1.4}  # GB/s reported by CRIUgpu (arXiv 2502.16631)
+DRIVER_CALL_TIMEOUT_S = 600.0
 
 
 def wait_for(what: str, check: Any, timeout: float, interval: float = 0.05) -> Any:
@@ -93,6 +100,16 @@ class Workload:
         return dict(wait_for("the workload to verify its memory", lambda: read_json(result),
                              timeout))
 
+    def ask_ping(self) -> None:
+        (self.work / "ping.json").unlink(missing_ok=True)
+        (self.work / "ping.request").touch()
+
+    def answered_at(self, timeout: float) -> float:
+        """The wall-clock time of the workload's first computed step after ask_ping."""
+        answer = wait_for("the workload's first answer",
+                          lambda: read_json(self.work / "ping.json"), timeout, interval=0.001)
+        return float(answer["time"])
+
     def computing(self, seconds: float = 2.0) -> tuple[int, int]:
         before = self.steps()
         time.sleep(seconds)
@@ -109,9 +126,62 @@ def criu(args: Any, env: dict[str, str], *argv: str) -> float:
 
 
 def timed(fn: Any, *a: Any) -> float:
+    """Seconds fn(*a) took, in a thread of its own: a driver call that hangs (a lazily restored
+    page that never comes, say) ends the bench with a message instead of hanging it."""
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn(*a)
+        except BaseException as e:  # re-raised in the caller's thread
+            failure.append(e)
+
     started = time.monotonic()
-    fn(*a)
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(DRIVER_CALL_TIMEOUT_S)
+    if thread.is_alive():
+        raise SystemExit(f"gpu bench: {getattr(fn, '__name__', fn)}{a} still running after "
+                         f"{DRIVER_CALL_TIMEOUT_S:.0f}s")
+    if failure:
+        raise failure[0]
     return time.monotonic() - started
+
+
+def driver_state(driver: cuda.CudaDriver, pid: int) -> ProcessState | None:
+    try:
+        return driver.state(pid)
+    except CudaError:
+        return None
+
+
+class LazyPages:
+    """`criu lazy-pages` serving a restore's memory from the images directory."""
+
+    def __init__(self, args: Any, env: dict[str, str]) -> None:
+        socket = Path(args.images) / "lazy-pages.socket"
+        socket.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [args.criu, "lazy-pages", "-D", args.images, "-o", "lazy-pages.log",
+             "--no-default-config", "-v4"], env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for("criu lazy-pages to listen",
+                 lambda: socket.exists() or self.proc.poll() is not None, 30, interval=0.005)
+        if self.proc.poll() is not None:
+            raise SystemExit(f"gpu bench: criu lazy-pages exited {self.proc.returncode}: "
+                             f"see {args.images}/lazy-pages.log")
+
+    def finished(self, timeout: float) -> float:
+        """Wait for lazy-pages to have placed every page (it exits then); when, monotonic."""
+        code = self.proc.wait(timeout)
+        if code != 0:
+            raise SystemExit(f"gpu bench: criu lazy-pages exited {code}: see its log")
+        return time.monotonic()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def tree_bytes(path: str) -> int:
@@ -140,7 +210,7 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
     shutil.rmtree(args.images, ignore_errors=True)
     os.makedirs(args.images)
     workload = Workload(args, work, env)
-    pid, restored = workload.pid, False
+    pid, restored, lazy = workload.pid, False, None
     try:
         workload.ready(args.timeout)
         before = workload.verify(args.timeout)
@@ -160,16 +230,29 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
         if not inv.gpus[args.gpu].persistence_mode:
             driver.initialize()  # a restore needs persistence mode or cuInit
         pidfile = Path(args.images) / "restored.pid"
+        workload.ask_ping()
+        restore_wall, restore_began = time.time(), time.monotonic()
+        if args.lazy:
+            lazy = LazyPages(args, criu_env)
         t["criu_restore"] = criu(args, criu_env, "restore", "-D", args.images, "-o",
                                  "restore.log", "--restore-detached", "--pidfile", str(pidfile),
+                                 *(["--lazy-pages"] if args.lazy else []),
                                  *CRIU_FLAGS, *args.criu_arg)
         pid, restored = int(pidfile.read_text()), True
-        assert driver.state(pid) == ProcessState.CHECKPOINTED
+        # the fake driver keeps its state in the process's memory, which a lazy restore may
+        # not have placed yet; the real driver answers at once
+        wait_for("the driver to see the restored process as checkpointed",
+                 lambda: driver_state(driver, pid) == ProcessState.CHECKPOINTED, 60, 0.01)
         t["gpu_restore"] = timed(driver.restore, pid)
         t["unlock"] = timed(driver.unlock, pid)
+        unlocked = time.monotonic()
+        t["answer"] = workload.answered_at(args.timeout) - restore_wall
+        t["complete"] = (lazy.finished(args.timeout) if lazy else unlocked) - restore_began
         steps_after = workload.computing()
         after = workload.verify(args.timeout)
     finally:
+        if lazy:
+            lazy.stop()
         if restored:
             kill(pid)
         elif workload.proc.poll() is None:
@@ -183,13 +266,13 @@ def run(args: Any, criu_env: dict[str, str]) -> dict[str, Any]:
 
 def torpor_facts(driver: cuda.CudaDriver, pid: int) -> dict[str, Any]:
     """What torpor's checks make of a plain CUDA process, to verify them on hardware: the
-    driver's restore thread (a thread of its own), and whether the process maps
-    /dev/nvidia-uvm (torpor takes that for UVM managed memory and refuses to checkpoint)."""
-    from torpor.gpu.session import uses_uvm
+    driver's restore thread (a thread of its own), and the UVM managed memory torpor sees in its
+    mappings (it refuses a checkpoint of a process with any: 0 for a plain PyTorch process)."""
+    from torpor.gpu.session import managed_memory
 
     tid = driver.restore_thread(pid)
     return {"restore_thread": tid, "restore_thread_is_own": tid is not None and tid != pid,
-            "maps_nvidia_uvm": uses_uvm(pid)}
+            "managed_memory": managed_memory(pid)}
 
 
 def report(args: Any, gpu_bytes: int, image_bytes: int, t: dict[str, float],
@@ -198,10 +281,11 @@ def report(args: Any, gpu_bytes: int, image_bytes: int, t: dict[str, float],
            facts: dict[str, Any]) -> dict[str, Any]:
     gb = gpu_bytes / 1e9
     checkpoint_s = t["lock"] + t["gpu_checkpoint"] + t["criu_dump"]
-    restore_s = t["criu_restore"] + t["gpu_restore"] + t["unlock"]
+    restore_s = max(t["criu_restore"] + t["gpu_restore"] + t["unlock"], t["complete"])
     return {
         "gpu_bytes": gpu_bytes, "image_bytes": image_bytes, "seconds": t,
-        "checkpoint_s": checkpoint_s, "restore_s": restore_s,
+        "mode": "lazy" if args.lazy else "eager",
+        "checkpoint_s": checkpoint_s, "restore_s": restore_s, "answer_s": t["answer"],
         "checkpoint_gb_s": gb / checkpoint_s, "restore_gb_s": gb / restore_s,
         "gpu_checkpoint_gb_s": gb / t["gpu_checkpoint"], "gpu_restore_gb_s": gb / t["gpu_restore"],
         "criugpu_h100_gb_s": CRIUGPU_H100,
@@ -217,7 +301,7 @@ def render(result: dict[str, Any]) -> str:
     t = result["seconds"]
     gb = result["gpu_bytes"] / 1e9
     lines = [f"GPU memory of the process: {gb:.2f} GB; CRIU images: "
-             f"{result['image_bytes'] / 1e9:.2f} GB"]
+             f"{result['image_bytes'] / 1e9:.2f} GB; restored {result['mode']}"]
     for step in ("lock", "gpu_checkpoint", "criu_dump", "criu_restore", "gpu_restore", "unlock"):
         lines.append(f"  {step:<15} {t[step]:8.3f} s")
     ref = result["criugpu_h100_gb_s"]
@@ -226,15 +310,16 @@ def render(result: dict[str, Any]) -> str:
         f"(CRIUgpu on H100: {ref['checkpoint']} GB/s)",
         f"restore    {result['restore_s']:.2f} s = {result['restore_gb_s']:.2f} GB/s "
         f"(CRIUgpu on H100: {ref['restore']} GB/s)",
+        f"first answer {result['answer_s']:.2f} s after the restore began (a step computed on "
+        f"the GPU); complete after {t['complete']:.2f} s",
         f"tensors match after restore: {result['verified_after']}; computing goes on: "
         f"{result['computing_after_restore']} (steps {result['steps_at_checkpoint']} at checkpoint,"
         f" {result['steps_after_restore'][0]} -> {result['steps_after_restore'][1]} after)",
     ]
     facts = result["torpor_facts"]
     lines.append(f"torpor's checks: restore thread {facts['restore_thread']} (a thread of its "
-                 f"own: {facts['restore_thread_is_own']}); maps /dev/nvidia-uvm: "
-                 f"{facts['maps_nvidia_uvm']} (if True, torpor would take this process for UVM "
-                 "and refuse it)")
+                 f"own: {facts['restore_thread_is_own']}); UVM managed memory seen: "
+                 f"{facts['managed_memory']} bytes (torpor refuses a process with any)")
     return "\n".join(lines)
 
 
@@ -255,6 +340,8 @@ def parse(argv: list[str] | None = None) -> Any:
                    help="fake: host memory and torpor's fake driver (CPU-only tests)")
     p.add_argument("--json", default=None, help="also write the result here")
     p.add_argument("--keep", action="store_true", help="keep CRIU's images")
+    p.add_argument("--lazy", action="store_true",
+                   help="restore with `criu lazy-pages`: memory arrives while the process runs")
     p.add_argument("--dry-run", action="store_true", help="check the host and stop")
     return p.parse_args(argv)
 

@@ -11,7 +11,9 @@ memory, and a step counts only while the fake driver's state slot in this proces
 environment says RUNNING.
 
 Files in WORK: status.json (rewritten twice a second: pid, phase, steps, bytes), and on request
-(verify.request appears) verify.json: every chunk compared with its pattern.
+(verify.request appears) verify.json: every chunk compared with its pattern; (ping.request
+appears) ping.json, written right after the next step that computed: the wall-clock time of the
+workload's first answer, which the bench takes after a restore.
 """
 
 from __future__ import annotations
@@ -98,12 +100,17 @@ def main() -> None:
     nbytes = int(args.gib * (1 << 30)) // 4 * 4
     status_path = os.path.join(args.dir, "status.json")
     request = os.path.join(args.dir, "verify.request")
+    ping = os.path.join(args.dir, "ping.request")
     write_json(status_path, {"pid": os.getpid(), "phase": "filling", "steps": 0})
     memory = TorchMemory(nbytes) if args.device == "cuda" else FakeMemory(nbytes)
     steps, last = 0, 0.0
     while True:
         if memory.step():
             steps += 1
+            if os.path.exists(ping):
+                write_json(os.path.join(args.dir, "ping.json"), {"steps": steps,
+                                                                   "time": time.time()})
+                os.unlink(ping)
         if os.path.exists(request):
             started = time.monotonic()
             bad = memory.bad_chunks()

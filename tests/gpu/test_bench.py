@@ -70,7 +70,7 @@ def test_a_whole_run_with_the_fake_driver(bundle: Path, fake_libs: FakeLibs,
     assert found["verified_before"] and found["verified_after"]
     assert found["computing_after_restore"] and found["same_pid"]
     assert found["gpu_bytes"] == int(0.05 * (1 << 30)) // 4 * 4
-    assert found["torpor_facts"]["maps_nvidia_uvm"] is False
+    assert found["torpor_facts"]["managed_memory"] == 0
     assert "torpor's checks: restore thread" in result.stdout
     calls = [c for c in node.calls() if c.op in ("lock", "checkpoint", "restore", "unlock")]
     assert [(c.op, c.result) for c in calls] == [
@@ -81,3 +81,26 @@ def test_a_whole_run_with_the_fake_driver(bundle: Path, fake_libs: FakeLibs,
     assert calls[1].realtime < min(p.stat().st_mtime for p in images.glob("pages-*.img"))
     assert dump_end < restore_end < calls[2].realtime
     assert "GB/s (CRIUgpu on H100: 0.7 GB/s)" in result.stdout
+    assert 0 < found["answer_s"] < found["seconds"]["criu_restore"] + 30
+    assert found["mode"] == "eager"
+
+
+def test_a_lazy_restore_with_the_fake_driver(bundle: Path, fake_libs: FakeLibs,
+                                             tmp_path: Path) -> None:
+    """`--lazy`: criu lazy-pages serves the memory while the process runs; the driver's restore
+    reads the host copy through userfaultfd, and the pattern is whole after it."""
+    node = FakeNode(tmp_path / "fake-gpu")
+    node.configure([gpu(H200, 0)])
+    out = tmp_path / "result.json"
+    result = run_bench(
+        bundle, "--device", "fake", "--gib", "0.05", "--lazy", "--cuda-library",
+        str(fake_libs.cuda), "--nvml-library", str(fake_libs.nvml), "--images",
+        str(tmp_path / "images"), "--work", str(tmp_path / "work"), "--keep", "--json", str(out),
+        env=node.env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(out.read_text())["result"]
+    assert found["mode"] == "lazy" and found["verified_after"] and found["computing_after_restore"]
+    assert found["seconds"]["complete"] >= found["seconds"]["criu_restore"]
+    assert "restored lazy" in result.stdout
+    lazy_log = (tmp_path / "images" / "lazy-pages.log").read_text()
+    assert "UFFD" in lazy_log or "uffd" in lazy_log, lazy_log[-2000:]
