@@ -22,6 +22,7 @@ import pytest
 from torpor.gpu import cuda
 from torpor.gpu.cuda import ProcessState
 
+from ..conftest import run_torpor
 from ..gpu_fakes import (
     A100,
     DRIVER_570,
@@ -291,6 +292,31 @@ def test_checkpoint_and_restore_cuda_processes(gpus: GpuNode, container_name: st
     for pid in {c.pid for c in after}:
         assert gpus.state(pid) == ProcessState.RUNNING
     assert stat_state(host_pid(restored, sleeper_ns)) == "S", "every process goes on"
+    gpus.remove(name)
+
+
+def test_a_lazy_restore_gives_the_gpu_copy_the_lazy_pace(gpus: GpuNode,
+                                                        container_name: str) -> None:
+    """`torpor restore --lazy` of a GPU container: the driver's restore runs while the page
+    source still serves the memory (on an H200 the driver's copy back faults the host copy in
+    through userfaultfd, bench/gpu --lazy), then unlock; the workers go on from the checkpoint."""
+    name, token = container_name, "lazy-gpu"
+    tokens = [token, f"{token}-1"]
+    init = gpus.run(name, token, "--uvm", "/tmp", children=1, memory=2 * GIB)
+    wait_for(lambda: all(counter(init, t)[0] > 30 for t in tokens), what="work done")
+    ref = f"localhost/torpor-test/lazy-gpu/{name}:1"
+    seen = {t: counter(init, t)[0] for t in tokens}
+    run_torpor(gpus.node, "checkpoint", name, "-t", ref)   # it stops the container
+    gpus.remove(name)
+    before = len(gpus.fake.calls())
+    done = json.loads(run_torpor(gpus.node, "restore", ref, "--name", name, "--lazy",
+                                 "--json").stdout)
+    assert done["timings"]["lazy_local_bytes"] > 0, done   # from this node's store, lazily
+    assert [c.op for c in gpu_calls(gpus, before, *tokens)] == ["restore"] * 2 + ["unlock"] * 2
+    restored = gpus.task_pid(name)
+    for t in tokens:
+        assert counter(restored, t)[0] >= seen[t], "the counter comes back from the checkpoint"
+        assert gpus.progressing(restored, t)
     gpus.remove(name)
 
 

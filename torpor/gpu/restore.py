@@ -74,9 +74,13 @@ def check_before_restore(cfg: Config, gpu_state: GpuState | None,
 
 
 def restore_gpus(cfg: Config, gpu_state: GpuState, plan: RestorePlan, cgroup: Cgroup,
-                 log: Log) -> list[int]:
+                 log: Log, lazy: bool = False) -> list[int]:
     """After CRIU restored the processes, stopped: GPU restore (with UUID pairs) then unlock,
-    each with only its restore thread running; then every process goes on."""
+    each with only its restore thread running; then every process goes on. `lazy`: the
+    processes' memory is still arriving from `torpor restore --lazy`'s page source, and the
+    driver's copy back to the GPU reads the host copy as it comes (it faults each page in
+    through userfaultfd: seen working on an H200, driver 580.159.04), so each copy is given the
+    lazy restore's pace."""
     worker = plan.worker
     try:
         recorded = gpu_state.inventory
@@ -110,7 +114,7 @@ def restore_gpus(cfg: Config, gpu_state: GpuState, plan: RestorePlan, cgroup: Cg
                 if state != ProcessState.CHECKPOINTED:
                     raise RestoreError(f"pid {pid} is {state.name if state else why} after the "
                                        "CRIU restore; it must be CHECKPOINTED")
-                worker.restore(pid, plan.pairs, held_by_ns.get(ns_pid(pid), 0))
+                worker.restore(pid, plan.pairs, held_by_ns.get(ns_pid(pid), 0), lazy)
             for pid in pids:
                 worker.unlock(pid)
             for pid in pids:

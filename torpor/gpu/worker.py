@@ -37,6 +37,9 @@ from torpor.formats.fields import Fields
 from torpor.formats.gpu import GpuInventory
 
 SECONDS_PER_GIB = 5.0  # checkpoint and restore: 0.2 GB/s, a third of CRIUgpu's 0.7 GB/s (H100)
+# a restore whose host memory arrives lazily reads it at the page source's pace: the lazy
+# restore's own allowance (torpor.capture.deadlines.PER_GIB_S), not the driver's
+LAZY_SECONDS_PER_GIB = 10.0
 
 
 class DriverTimeout(GpuError):
@@ -262,11 +265,12 @@ class DriverWorker:
         self.call("checkpoint", pid, pid=pid, timeout=self._copy_time(held_bytes))
 
     def restore(self, pid: int, pairs: Sequence[tuple[str, str]] | None = None,
-                held_bytes: int = 0) -> None:
+                held_bytes: int = 0, lazy: bool = False) -> None:
         if not self.initialized:
             self.initialize()
         self.call("restore", pid, [list(p) for p in pairs] if pairs else None, pid=pid,
-                  timeout=self._copy_time(held_bytes))
+                  timeout=self._copy_time(held_bytes,
+                                          LAZY_SECONDS_PER_GIB if lazy else SECONDS_PER_GIB))
 
     def unlock(self, pid: int) -> None:
         self.call("unlock", pid, pid=pid)
@@ -286,5 +290,5 @@ class DriverWorker:
     def mps_clients(self, pids: Sequence[int]) -> list[int]:
         return [int(p) for p in self.call("mps_clients", list(pids))]
 
-    def _copy_time(self, held_bytes: int) -> float:
-        return self.timeout_s + SECONDS_PER_GIB * held_bytes / (1 << 30)
+    def _copy_time(self, held_bytes: int, per_gib: float = SECONDS_PER_GIB) -> float:
+        return self.timeout_s + per_gib * held_bytes / (1 << 30)

@@ -175,7 +175,8 @@ def run(ctx: Context) -> int:
             spec.flush(bundle, config)
         # 3. + 7. runc restore with the flags containerd dropped
         extra = [flag for flag in state.criu.restore_flags() if not inv.has(flag[2:])]
-        if lazy_pages_waiting(work) and not inv.has("lazy-pages"):
+        lazy = lazy_pages_waiting(work)
+        if lazy and not inv.has("lazy-pages"):
             extra.append("--lazy-pages")   # torpor restore --lazy started the page source
         since = ctx.log.mark()
         code = _runc_restore(ctx, inv.with_flags(extra), image_path)
@@ -190,7 +191,8 @@ def run(ctx: Context) -> int:
         if state.gpu is not None and gpu_plan is not None:
             undo.callback(_kill_on_failure, ctx, container_id)
             pid = _read_pid(inv.flag("pid-file"))
-            gpu_restore.restore_gpus(ctx.cfg, state.gpu, gpu_plan, Cgroup.of_pid(pid), ctx.log)
+            gpu_restore.restore_gpus(ctx.cfg, state.gpu, gpu_plan, Cgroup.of_pid(pid), ctx.log,
+                                     lazy)
         undo.pop_all()
     records.remove_record(record)  # torpor-hook has applied the plan: nothing else lives here
     drop_containerd_copy(image_path)
