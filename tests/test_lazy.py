@@ -138,6 +138,29 @@ def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str
         proxy.close()
 
 
+def lazy_restores(node: Node) -> list[dict[str, object]]:
+    return list(json.loads(run_torpor(node, "ls", "--restores", "--json").stdout))
+
+
+def test_torpor_ls_shows_how_much_memory_is_in(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
+    """While the memory arrives, `torpor ls` says how much of it is in; once it is all in,
+    the restore is no longer listed."""
+    b = lazy_nodes[1]
+    name = "lazy-progress"
+    with arriving(lazy_nodes, registry, str(test_image["name"]), name) as (restore, said, _):
+        wait_for(lambda: lazy_restores(b), what="the lazy restore in torpor ls")
+        [seen] = lazy_restores(b)
+        assert seen["container"] == name and str(seen["source"]).endswith(f"lazy/{name}:1")
+        assert 0 <= int(seen["placed_bytes"]) < int(seen["lazy_bytes"]), seen  # type: ignore[call-overload]
+        assert int(seen["lazy_bytes"]) > MIB << 19, seen  # type: ignore[call-overload]
+        listed = run_torpor(b, "ls").stdout
+        assert "lazy restores under way:" in listed and name in listed, listed
+        said.append(restore.communicate(timeout=180)[0])
+        assert restore.returncode == 0, "".join(said)
+        assert lazy_restores(b) == []
+
+
 def test_a_registry_gone_mid_stream_kills_the_workload_and_leaves_nothing(
         lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
         session_dir: Path) -> None:
@@ -164,6 +187,7 @@ def test_torpor_killed_mid_stream_takes_the_workload_with_it(
         wait_for(lambda: task_status(b, name) != "RUNNING", timeout=30,
                  what="the orphaned workload to be killed")
         assert task_status(b, name) == "STOPPED"
+        assert lazy_restores(b) == []   # its record went with it
 
 
 def test_a_damaged_pack_is_refused_before_its_bytes_are_used(

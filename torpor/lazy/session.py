@@ -43,6 +43,7 @@ SOCKET = names.LAZY_PAGES_SOCKET  # where CRIU's restore finds the daemon (its w
 LOG = "lazy-pages.log"
 _PAGES = re.compile(r"pages-\d+\.img\Z")
 START_S = 10.0
+TRACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -165,16 +166,23 @@ class LazyPages:
         self.pid = pid
         self._tell(f"pid {pid}")
 
-    def wait(self, report: Callable[[str], None] = lambda _: None,
-             every_s: float = 5.0) -> LazyResult:
-        """Until every lazy page is placed; else the container killed and RestoreError."""
-        started = time.monotonic()
+    def wait(self, report: Callable[[str], None] = lambda _: None, every_s: float = 5.0,
+             track: Callable[[int, int, int], None] = lambda placed, remote, local: None,
+             ) -> LazyResult:
+        """Until every lazy page is placed; else the container killed and RestoreError.
+        `report` is told in words every `every_s`; `track` about once a second: the bytes
+        placed, fetched from the registry, read from this node."""
+        started = last = time.monotonic()
+        assert self.memory.source is not None
+        counts = self.memory.source.counts
         while self._thread.is_alive():
-            self._thread.join(every_s)
-            if self._thread.is_alive():
-                done = self.server.served.pages * pagemap.PAGE
-                report(f"{done >> 20} of {self.memory.lazy_bytes >> 20} MiB of memory placed "
-                       f"({time.monotonic() - started:.0f}s)")
+            self._thread.join(TRACK_S)
+            placed = self.server.served.pages * pagemap.PAGE
+            track(placed, counts.remote_bytes, counts.local_bytes)
+            if self._thread.is_alive() and time.monotonic() - last >= every_s:
+                last = time.monotonic()
+                report(f"{placed >> 20} of {self.memory.lazy_bytes >> 20} MiB of memory placed "
+                       f"({last - started:.0f}s)")
         if self._failure is not None:
             self.kill()
             reason = self._failure

@@ -74,6 +74,7 @@ from torpor.image import directory as checkpoint_dir
 from torpor.image import kube_archive, unpack
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
+from torpor.lazy import progress as lazy_progress
 from torpor.node import compat
 from torpor.node import runtime as runtime_tools
 from torpor.ops import generation, kube, own_files
@@ -421,7 +422,10 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
             timings["running_s"] = time.monotonic() - started
             pages.running(pid)
             progress.step(f"{name} runs; its memory is arriving")
-            done = pages.wait(progress.step)
+            track = _tracker(cfg, client.namespace, name, source, pages.memory.lazy_bytes)
+            undo.callback(lazy_progress.remove, cfg.runtime_state_dir, client.namespace, name)
+            done = pages.wait(progress.step, track=track)
+            lazy_progress.remove(cfg.runtime_state_dir, client.namespace, name)
             timings.update(lazy_s=done.complete_s, lazy_remote_bytes=done.remote_bytes,
                            lazy_local_bytes=done.local_bytes)
         undo.pop_all()
@@ -431,6 +435,21 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     _quietly(os.unlink, grant)
     timings["total_s"] = time.monotonic() - started
     return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
+
+
+def _tracker(cfg: Config, namespace: str, name: str, source: str,
+             lazy_bytes: int) -> Callable[[int, int, int], None]:
+    """What `torpor ls` and torpord show of this lazy restore (torpor.lazy.progress)."""
+    started = time.time()
+
+    def track(placed: int, remote: int, local: int) -> None:
+        with contextlib.suppress(OSError):
+            lazy_progress.write(cfg.runtime_state_dir, lazy_progress.LazyProgress(
+                namespace, name, source, lazy_bytes, placed, remote, local, started,
+                os.getpid()))
+
+    track(0, 0, 0)
+    return track
 
 
 def _cgroup_dirs(spec: OciSpec) -> list[str]:

@@ -35,6 +35,7 @@ from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError, TorporError
 from torpor.ops.schedule_book import Book, Entry
 from torpor.service import child, peer
+from torpor.service.lazy_metrics import LazyRestores
 from torpor.service.metrics import Metrics, command_of, exit_status
 
 
@@ -270,6 +271,7 @@ def main() -> int:
             raise ConfigError("[service] socket is empty: torpord needs a socket to listen on")
         warm_up()
         metrics = Metrics()
+        metrics.registry.register(LazyRestores(cfg.runtime_state_dir))
         if cfg.service_metrics:
             metrics.serve(cfg.service_metrics)
         signal.signal(signal.SIGTERM, _stop)

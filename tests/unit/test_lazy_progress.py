@@ -1,0 +1,47 @@
+"""The records of lazy restores under way: what `torpor ls --restores` and torpord read."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from torpor.lazy import progress
+from torpor.service.lazy_metrics import LazyRestores
+
+
+def record(container: str, pid: int, namespace: str = "default") -> progress.LazyProgress:
+    return progress.LazyProgress(namespace, container, "reg/x:1", 64 << 20, 16 << 20, 8 << 20,
+                                 0, 1000.0, pid)
+
+
+def test_a_restore_is_listed_while_its_process_lives(tmp_path: Path) -> None:
+    progress.write(str(tmp_path), record("web", os.getpid()))
+    [found] = progress.current(str(tmp_path))
+    assert (found.container, found.fraction) == ("web", 0.25)
+    progress.remove(str(tmp_path), "default", "web")
+    assert progress.current(str(tmp_path)) == []
+
+
+def test_a_record_whose_restore_died_is_dropped(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    progress.write(str(tmp_path), record("gone", dead.pid))
+    assert progress.current(str(tmp_path)) == []
+    assert os.listdir(tmp_path / progress.DIR) == []
+
+
+def test_no_name_steps_out_of_the_directory(tmp_path: Path) -> None:
+    progress.write(str(tmp_path), record("../../escape", os.getpid(), namespace="../x"))
+    [name] = os.listdir(tmp_path / progress.DIR)
+    assert "/" not in name and ".." not in name
+    assert [p.container for p in progress.current(str(tmp_path))] == ["../../escape"]
+
+
+def test_torpord_exports_them_as_gauges(tmp_path: Path) -> None:
+    progress.write(str(tmp_path), record("web", os.getpid()))
+    families = {f.name: f for f in LazyRestores(str(tmp_path)).collect()}
+    [total] = families["torpor_lazy_restore_bytes"].samples
+    [placed] = families["torpor_lazy_restore_placed_bytes"].samples
+    assert total.labels == {"namespace": "default", "container": "web"}
+    assert (total.value, placed.value) == (64 << 20, 16 << 20)

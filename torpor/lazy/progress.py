@@ -1,0 +1,93 @@
+"""How far each lazy restore on this node is: one small JSON file per restore under
+`[runtime] state_dir`/lazy-restores, rewritten about once a second while the workload's memory
+arrives and removed when the restore ends, whichever way. `torpor ls` and torpord's metrics read
+them; a file whose restore is no longer alive (torpor killed) is dropped when read."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+
+from torpor.atomicfile import write_atomic
+
+DIR = "lazy-restores"
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+
+
+@dataclass(frozen=True)
+class LazyProgress:
+    namespace: str
+    container: str
+    source: str            # what is restored: the reference or path the user gave
+    lazy_bytes: int        # the memory that arrives after the workload runs
+    placed_bytes: int      # of it, placed so far
+    remote_bytes: int      # fetched from the registry so far
+    local_bytes: int       # read from this node's packs so far
+    started: float         # wall clock, when the workload began to run
+    pid: int               # the restoring process: a record whose pid is gone is stale
+
+    @property
+    def fraction(self) -> float:
+        return self.placed_bytes / self.lazy_bytes if self.lazy_bytes else 1.0
+
+
+def _file(state_dir: str, namespace: str, container: str) -> str:
+    """One file per namespace and container; a name that is not plain becomes its digest,
+    so no name ever steps out of the directory."""
+    key = f"{namespace}.{container}"
+    if not (_PLAIN.match(namespace) and _PLAIN.match(container)):
+        key = hashlib.sha256(f"{namespace}\0{container}".encode()).hexdigest()
+    return os.path.join(state_dir, DIR, f"{key}.json")
+
+
+def write(state_dir: str, progress: LazyProgress) -> None:
+    path = _file(state_dir, progress.namespace, progress.container)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, json.dumps(asdict(progress)).encode(), mode=0o600, durable=False)
+
+
+def remove(state_dir: str, namespace: str, container: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_file(state_dir, namespace, container))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def current(state_dir: str) -> list[LazyProgress]:
+    """The lazy restores under way on this node, oldest first; stale records are removed."""
+    found = []
+    directory = os.path.join(state_dir, DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path) as f:
+                progress = LazyProgress(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue   # being replaced, or not ours
+        if _alive(progress.pid):
+            found.append(progress)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return sorted(found, key=lambda p: p.started)
+
+
+def since(progress: LazyProgress, now: float | None = None) -> float:
+    return max(0.0, (now if now is not None else time.time()) - progress.started)
