@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
-GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting",
+GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting", "tally",
           "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",

@@ -9,9 +9,11 @@ import socket
 
 import pytest
 
+from torpor import tally
 from torpor.cli import handoff
 from torpor.errors import ConfigError
 from torpor.service import peer
+from torpor.service.daemon import read_report
 from torpor.service.metrics import Metrics, command_of, exit_status, parse_address
 
 
@@ -119,6 +121,50 @@ def test_metrics_count_commands_by_result() -> None:
     assert value("torpor_commands_total", {"command": "checkpoint", "result": "failure"}) == 1
     assert value("torpor_command_duration_seconds_count", {"command": "checkpoint"}) == 2
     assert value("torpor_command_duration_seconds_sum", {"command": "restore"}) == 0.4
+
+
+def test_metrics_count_bytes_and_failures_from_the_childs_report() -> None:
+    metrics = Metrics()
+    metrics.record("checkpoint", 0, 0.3, b'{"bytes":{"written":100,"pushed":40},"error":""}\n')
+    metrics.record("restore", 0, 0.4, b'{"bytes":{"downloaded":7,"local":5},"error":""}\n')
+    metrics.record("restore", 3, 0.1, b'{"bytes":{},"error":"IncompatibleNode"}\n')
+    metrics.record("restore", 137, 0.1, b"")             # killed before it reported
+    metrics.record("push", 1, 0.1, b'{"bytes":{"pushed":-1,"bogus":5},"error":"no such"}')
+    value = metrics.registry.get_sample_value
+    assert value("torpor_command_bytes_total", {"command": "checkpoint", "kind": "written"}) == 100
+    assert value("torpor_command_bytes_total", {"command": "checkpoint", "kind": "pushed"}) == 40
+    assert value("torpor_command_bytes_total", {"command": "restore", "kind": "downloaded"}) == 7
+    assert value("torpor_command_bytes_total", {"command": "restore", "kind": "local"}) == 5
+    assert value("torpor_command_bytes_total", {"command": "push", "kind": "pushed"}) is None
+    assert value("torpor_command_failures_total",
+                 {"command": "restore", "error": "IncompatibleNode"}) == 1
+    assert value("torpor_command_failures_total", {"command": "restore", "error": "Signal"}) == 1
+    assert value("torpor_command_failures_total", {"command": "push", "error": "ExitStatus"}) == 1
+    assert value("torpor_command_failures_total", {"command": "checkpoint", "error": ""}) is None
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[1]\n", b'{"bytes": [1], "error": 3}\n',
+                                  b'{"bytes":{"local":true}}'])
+def test_a_cut_or_garbled_report_counts_nothing(data: bytes) -> None:
+    assert tally.parse_report(data) == ({}, "")
+
+
+def test_a_report_is_one_pipe_write_read_back_whole() -> None:
+    read_end, write_end = os.pipe2(os.O_NONBLOCK)
+    tally.reset()   # what earlier tests' in-process commands noted
+    try:
+        assert read_report(read_end) == b""    # a child killed before it wrote
+        tally.add("written", 12)
+        tally.failed("CheckpointError")
+        tally.failed("OSError")                # the first error stands
+        os.write(write_end, tally.report())
+        assert tally.parse_report(read_report(read_end))[1] == "CheckpointError"
+        with pytest.raises(ValueError, match="kind"):
+            tally.add("sent", 1)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        tally.reset()
 
 
 def test_no_service_runs_in_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,7 @@
 """One command in a child of torpord: the caller's fds, directory, environment and argv, then
-the same click main the CLI runs in-process; its exit status goes back on the connection."""
+the same click main the CLI runs in-process; its exit status goes back on the connection, and
+what it moved and the error that ended it (torpor.tally's report) to the service, in one write
+to `report_fd` (a pipe) just before: a child killed before it leaves the pipe empty."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import signal
 import socket
 import sys
 
+from torpor import tally
 from torpor.cli import handoff
 from torpor.cli.main import main as cli_main
 
@@ -24,7 +27,7 @@ def _stream(fd: int, write: bool) -> io.TextIOWrapper:
 
 
 def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str], cwd: str,
-        umask: int, close: list[int]) -> None:
+        umask: int, close: list[int], report_fd: int) -> None:
     """In the forked child: never returns."""
     status = 1
     try:
@@ -46,6 +49,7 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 1
     except BaseException as e:  # the child reports every failure, then exits
+        tally.failed(type(e).__name__)
         try:
             sys.stderr.write(f"torpor: error: {e}\n")
         except BaseException:
@@ -61,6 +65,10 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
         # thread's only, and grpc's threads would take the signal)
         for signum in handoff.FORWARDED_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+        try:   # before the exit status: the service has it when it reaps this child
+            os.write(report_fd, tally.report())
+        except OSError:
+            pass
         try:
             conn.sendall(handoff.encode({"exit": status}))
         except OSError:

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from torpor import config
+from torpor import config, tally
 from torpor.cli import handoff
 from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError, TorporError
@@ -52,6 +52,7 @@ class Job:
     caller_gone: bool = False
     schedule: Entry | None = None   # a schedule's round: no caller, its outcome to the book
     wall_started: float = 0.0
+    report: int = -1                # the read end of the pipe the child reports on (tally)
 
 
 def listen(path: str) -> socket.socket:
@@ -147,20 +148,19 @@ class Service:
 
     def start(self, conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str],
               cwd: str, umask: int) -> None:
+        report, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            close = [self.listener.fileno(), self.selector.fileno(),
-                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
-            metrics_fd = self.metrics.listening_fd()
-            if metrics_fd is not None:
-                close.append(metrics_fd)
             started = time.monotonic()
             pid = os.fork()
             if pid == 0:
-                child.run(conn, fds, argv, env, cwd, umask, close)
+                child.run(conn, fds, argv, env, cwd, umask, self.inherited(report), report_w)
+        except BaseException:
+            os.close(report)
+            raise
         finally:
-            for fd in fds:
+            for fd in (*fds, report_w):
                 os.close(fd)
-        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv), started)
+        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv), started, report=report)
         self.jobs[job.pidfd] = job
         self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
         self.selector.register(conn, selectors.EVENT_READ, job)
@@ -168,6 +168,16 @@ class Service:
             conn.sendall(handoff.encode({"pid": pid}))
         except OSError:
             pass
+
+    def inherited(self, *more: int) -> list[int]:
+        """The service's fds that a child closes first: the sockets, the other children's."""
+        close = [self.listener.fileno(), self.selector.fileno(), *more,
+                 *(fd for job in self.jobs.values()
+                   for fd in (job.pidfd, job.conn.fileno(), job.report))]
+        metrics_fd = self.metrics.listening_fd()
+        if metrics_fd is not None:
+            close.append(metrics_fd)
+        return close
 
     def run_due(self) -> None:
         """A round for every schedule that is due and has none running."""
@@ -192,24 +202,23 @@ class Service:
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        report, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             os.write(log, time.strftime("--- %Y-%m-%dT%H:%M:%SZ round\n", time.gmtime()).encode())
-            close = [self.listener.fileno(), self.selector.fileno(), ours.fileno(),
-                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
-            metrics_fd = self.metrics.listening_fd()
-            if metrics_fd is not None:
-                close.append(metrics_fd)
             started, wall = time.monotonic(), time.time()
             pid = os.fork()
             if pid == 0:
                 child.run(theirs, [null, log, os.dup(log)], entry.argv(), dict(os.environ),
-                          "/", 0o077, close)
+                          "/", 0o077, self.inherited(ours.fileno(), report), report_w)
+        except BaseException:
+            os.close(report)
+            raise
         finally:
-            for fd in (log, null):
+            for fd in (log, null, report_w):
                 os.close(fd)
             theirs.close()
         job = Job(pid, os.pidfd_open(pid), ours, command_of(entry.argv()), started,
-                  caller_gone=True, schedule=entry, wall_started=wall)
+                  caller_gone=True, schedule=entry, wall_started=wall, report=report)
         self.jobs[job.pidfd] = job
         self.rounds[entry.key] = job
         self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
@@ -226,7 +235,9 @@ class Service:
     def reap(self, job: Job) -> None:
         _, wait_status = os.waitpid(job.pid, 0)
         status = exit_status(wait_status)
-        self.metrics.record(job.command, status, time.monotonic() - job.started)
+        self.metrics.record(job.command, status, time.monotonic() - job.started,
+                            read_report(job.report))
+        os.close(job.report)
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
         del self.jobs[job.pidfd]
@@ -249,6 +260,15 @@ class Service:
 
 
 SCHEDULE_TICK_S = 1.0   # how often the book is read for rounds due
+
+
+def read_report(fd: int) -> bytes:
+    """What a reaped child wrote on its report pipe: its one line, or b"" (killed first; the
+    pipe is non-blocking, so a grandchild holding the write end open cannot stall the loop)."""
+    try:
+        return os.read(fd, tally.MAX_REPORT)
+    except BlockingIOError:
+        return b""
 
 
 def warm_up() -> None:
