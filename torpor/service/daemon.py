@@ -283,9 +283,31 @@ def _stop(_signum: int, _frame: object) -> None:
     raise Stop()
 
 
-def main() -> int:
+USAGE = """usage: torpord [--ping]
+
+Run torpor's node service on [service] socket (docs/service.md); with --ping, exit 0 when a
+torpord answers on that socket and 1 when none does (for installers and probes).
+"""
+
+
+def ping(cfg: config.Config) -> int:
+    sock = handoff.connect(cfg.service_socket) if cfg.service_socket else None
+    if sock is None:
+        sys.stderr.write(f"torpord: none answers on {cfg.service_socket or '(no socket)'}\n")
+        return 1
+    sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--ping"]):
+        sys.stderr.write(USAGE)
+        return 0 if args in (["-h"], ["--help"]) else 2
     try:
         cfg = config.load()
+        if args == ["--ping"]:
+            return ping(cfg)
         if not cfg.service_socket:
             raise ConfigError("[service] socket is empty: torpord needs a socket to listen on")
         warm_up()
