@@ -25,7 +25,7 @@ from bench.checkpoint import bare_bundle, become_subreaper, runc, start
 from bench.harness import World, world
 from tests.support.containerd import Node
 from tests.support.processes import wait_for
-from torpor.cli import handoff
+from torpor import handoff
 
 MODES = ("service", "in-process", "runc")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from torpor.cli import handoff
+from torpor import handoff
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
@@ -343,3 +343,58 @@ def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
             assert freezer_state(pid) != "FROZEN"
     torpord.start()  # a stale socket file is no obstacle
     assert torpor(node, "ls").returncode == 0
+
+
+@pytest.mark.parametrize("service", ["running", "stopped"])
+def test_torpor_runc_checkpoints_through_the_service_when_it_runs(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object], tmp_path: Path,
+        service: str) -> None:
+    """containerd's shim runs torpor-runc checkpoint; with torpord answering, torpor-runc hands
+    the checkpoint to it (the metrics count "torpor-runc checkpoint"), without it, it runs the
+    checkpoint itself; either way the container restores and its counter goes on."""
+    node = service_node
+    name = f"svc-runc-{service}"
+    if service == "stopped":
+        torpord.stop()
+    try:
+        before = torpord.count("torpor-runc checkpoint") if service == "running" else 0.0
+        with containers(node) as names:
+            names += [name, f"{name}-b"]
+            node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+            counted = wait_counter_above(node, name, 5)
+            torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"))
+            assert task_status(node, name) == "STOPPED"
+            torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
+            resumed = read_counter(node, f"{name}-b")
+            assert resumed >= counted
+            wait_counter_above(node, f"{name}-b", resumed + 3)
+        if service == "running":
+            assert torpord.count("torpor-runc checkpoint") == before + 1, torpord.metrics_text()
+        else:
+            assert not torpord.socket.exists()   # it ran with no service at all
+    finally:
+        if service == "stopped":
+            torpord.start()
+
+
+def test_torpor_runc_reports_the_same_through_the_service(service_node: Node, torpord: Torpord,
+                                                          tmp_path: Path) -> None:
+    """What runc answers itself (no such container: torpor-runc execs runc): the same exit
+    status, output and --log JSON lines through torpord as in-process."""
+    seen = []
+    for env in ({}, NO_SERVICE):
+        log = tmp_path / f"log-{len(seen)}.json"
+        done = subprocess.run([str(service_node.bin_dir / "torpor-runc"), "--root",
+                               str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+                               "json", "checkpoint", "--image-path", str(tmp_path / "img"),
+                               "svc-no-such"], env={**service_node.env, **env},
+                              capture_output=True, text=True, timeout=60)
+        lines = [{k: v for k, v in json.loads(line).items() if k != "time"}
+                 for line in log.read_text().splitlines()] if log.exists() else []
+        seen.append((done.returncode, done.stdout, done.stderr, lines))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 1 and seen[0][3] == [{"level": "error", "msg": "container does not exist"}]
+    failed = [labels for (name, labels), value in torpord.samples().items()
+              if name == "torpor_command_failures_total" and value > 0]
+    assert frozenset({"command": "torpor-runc checkpoint", "error": "ExitStatus"}.items()) \
+        in failed, torpord.metrics_text()

@@ -1,4 +1,4 @@
-"""torpord's wire and its small pieces (torpor/cli/handoff.py, torpor/service/): pure tables and
+"""torpord's wire and its small pieces (torpor/handoff.py, torpor/service/): pure tables and
 a socketpair, no daemon."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import socket
 
 import pytest
 
-from torpor import tally
-from torpor.cli import handoff
+from torpor import handoff, tally
 from torpor.errors import ConfigError
 from torpor.service import peer
 from torpor.service.daemon import read_report
@@ -28,7 +27,8 @@ def test_a_request_goes_over_a_socket_with_its_fds_in_pieces() -> None:
         reader = handoff.LineReader(b, data)
         first = reader.line()
         assert first is not None
-        assert handoff.parse_request(handoff.decode(first)) == (["torpor", "ls"], env, "/tmp", 18)
+        assert handoff.parse_request(handoff.decode(first)) == \
+            ("torpor", ["torpor", "ls"], env, "/tmp", 18)
         assert reader.line() == b'{"pid":5}'
         a.close()
         assert reader.line() is None
@@ -44,6 +44,7 @@ def test_a_request_goes_over_a_socket_with_its_fds_in_pieces() -> None:
     ({"argv": ["torpor"], "env": {"A": 1}, "cwd": "/", "umask": 18}, "env"),
     ({"argv": ["torpor"], "env": {}, "cwd": None, "umask": 18}, "cwd"),
     ({"argv": ["torpor"], "env": {}, "cwd": "/", "umask": True}, "umask"),
+    ({"program": "sh", "argv": ["sh"], "env": {}, "cwd": "/", "umask": 18}, "program"),
 ])
 def test_bad_requests_are_named(message: dict[str, object], wrong: str) -> None:
     with pytest.raises(handoff.ProtocolError, match=wrong):
@@ -75,6 +76,16 @@ def test_an_endless_line_is_refused() -> None:
 ])
 def test_the_command_of_an_argv(argv: list[str], command: str) -> None:
     assert command_of(argv) == command
+
+
+def test_torpor_runc_is_a_program_of_its_own() -> None:
+    line = handoff.request(["torpor-runc", "--log", "l.json", "checkpoint", "c1"], {}, "/", 18,
+                           "torpor-runc")
+    program, argv, *_ = handoff.parse_request(handoff.decode(line.rstrip()))
+    assert program == "torpor-runc"
+    assert command_of(argv, program) == "torpor-runc checkpoint"
+    assert handoff.parse_request({"argv": ["torpor"], "env": {}, "cwd": "/", "umask": 0})[0] \
+        == "torpor"   # a client from before programs were named
 
 
 def test_exit_statuses_read_as_a_shell_reads_them() -> None:

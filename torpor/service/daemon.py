@@ -3,10 +3,11 @@ and a pidfd per child, so every fork happens in the one thread there is.
 
 A connection: the peer is checked (peer.py), its request read with fds 0, 1, 2, "accepted"
 sent, a child forked (child.py), its pid sent. The child reports its own exit status, so a
-torpord killed meanwhile loses no answer; the service answers for a child killed by a signal,
-and records every child's status and time in the metrics. A caller that goes away (its
-connection closes) has its command sent SIGTERM, as a terminal closing on an in-process
-command would. SIGTERM stops the service: the socket goes, running commands run on.
+torpord killed meanwhile loses no answer; the service answers for a child that did not (killed
+by a signal, or one that exec'd runc, as torpor-runc does for what runc answers itself: its
+report pipe is empty), and records every child's status, time and report in the metrics. A
+caller that goes away (its connection closes) has its command sent SIGTERM, as a terminal
+closing on an in-process command would. SIGTERM stops the service: the socket goes, running commands run on.
 
 Schedules (`torpor schedule add`, ops/schedule_book.py): about once a second the loop reads the
 book, and forks a child for each schedule that is due and has no round running, the round
@@ -29,8 +30,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from torpor import config, tally
-from torpor.cli import handoff
+from torpor import config, handoff, tally
+from torpor.capture import netns
 from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError, TorporError
 from torpor.ops.schedule_book import Book, Entry
@@ -123,7 +124,7 @@ class Service:
             self.start(conn, *request)
 
     def read_request(self, conn: socket.socket,
-                     ) -> tuple[list[int], list[str], dict[str, str], str, int] | None:
+                     ) -> tuple[list[int], str, list[str], dict[str, str], str, int] | None:
         """The peer's fds and request, "accepted" sent; None where the peer was refused."""
         _pid, uid, _gid = peer.peer_credentials(conn)
         why = peer.refusal(uid)
@@ -137,30 +138,32 @@ class Service:
             line = handoff.LineReader(conn, data).line()
             if line is None or len(fds) != 3:
                 raise handoff.ProtocolError("a request needs one line and fds 0, 1 and 2")
-            argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
+            program, argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
             conn.settimeout(None)
             conn.sendall(handoff.encode({"accepted": True}))
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
-        return fds, argv, env, cwd, umask
+        return fds, program, argv, env, cwd, umask
 
-    def start(self, conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str],
-              cwd: str, umask: int) -> None:
+    def start(self, conn: socket.socket, fds: list[int], program: str, argv: list[str],
+              env: dict[str, str], cwd: str, umask: int) -> None:
         report, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             started = time.monotonic()
             pid = os.fork()
             if pid == 0:
-                child.run(conn, fds, argv, env, cwd, umask, self.inherited(report), report_w)
+                child.run(conn, fds, argv, env, cwd, umask, self.inherited(report), report_w,
+                          program)
         except BaseException:
             os.close(report)
             raise
         finally:
             for fd in (*fds, report_w):
                 os.close(fd)
-        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv), started, report=report)
+        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv, program), started,
+                  report=report)
         self.jobs[job.pidfd] = job
         self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
         self.selector.register(conn, selectors.EVENT_READ, job)
@@ -235,8 +238,8 @@ class Service:
     def reap(self, job: Job) -> None:
         _, wait_status = os.waitpid(job.pid, 0)
         status = exit_status(wait_status)
-        self.metrics.record(job.command, status, time.monotonic() - job.started,
-                            read_report(job.report))
+        report = read_report(job.report)
+        self.metrics.record(job.command, status, time.monotonic() - job.started, report)
         os.close(job.report)
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
@@ -251,7 +254,7 @@ class Service:
                     sys.stderr.write(f"torpord: schedules: {e}\n")
         if not job.caller_gone:
             self.selector.unregister(job.conn)
-            if os.WIFSIGNALED(wait_status):  # the child could not say it
+            if not report:   # the child could not say it: killed, or it exec'd (runc's answer)
                 try:
                     job.conn.sendall(handoff.encode({"exit": status}))
                 except OSError:
@@ -272,9 +275,12 @@ def read_report(fd: int) -> bytes:
 
 
 def warm_up() -> None:
-    """Import every command once, so that each child starts with them loaded."""
-    for module, _ in LAZY_COMMANDS.values():
+    """Import every command once, torpor-runc's checkpoint and pyroute2's modules with it, so
+    that each child starts with them loaded."""
+    for module in (*(m for m, _ in LAZY_COMMANDS.values()), "torpor.shim.main",
+                   *child.RUNTIME_MODULES):
         importlib.import_module(module)
+    netns.preload()
     gc.collect()
     gc.freeze()  # what the imports made stays shared with the children (copy-on-write)
 

@@ -10,13 +10,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from torpor import tally
 from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError
+from torpor.shim.argv import subcommand
 
 _VALUED_OPTIONS = {"-a", "--address", "-n", "--namespace"}  # the CLI's global options with values
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 
 
-def command_of(argv: list[str]) -> str:
-    """The verb of a `torpor` command line ("other" for none or an unknown one)."""
+def command_of(argv: list[str], program: str = "torpor") -> str:
+    """The verb of a `torpor` command line ("other" for none or an unknown one); torpor-runc's
+    as "torpor-runc checkpoint"."""
+    if program == "torpor-runc":
+        return f"torpor-runc {subcommand(argv) or 'other'}"
     args = iter(argv[1:])
     for arg in args:
         if arg in _VALUED_OPTIONS:
