@@ -29,6 +29,7 @@ from pathlib import Path
 from bench.harness import IMAGE, World, world
 from tests.support.containerd import Node
 from tests.support.processes import wait_for
+from tests.support.workload import task_pid
 
 
 def read_gap_ms(gapfile: Path) -> float:
@@ -41,11 +42,25 @@ def reset_gap(gapfile: Path) -> None:
              what="memhog to tick again")
 
 
-def start(node: Node, name: str, mib: int, gapdir: Path, runtime: list[str]) -> None:
+def start(node: Node, name: str, mib: int, gapdir: Path, runtime: list[str],
+          gap: bool = True) -> None:
+    """memhog holding `mib` MiB, /gap bind-mounted from `gapdir`; with `gap`, its longest stall
+    written to /gap/gap every 50 ms (a checkpoint that finds that file open and empty restores
+    only while it still is: CRIU checks an open file's size, so `gap=False` where only times
+    matter, and the fill is seen in its resident memory)."""
     gapdir.mkdir(parents=True, exist_ok=True)
     node.ctr("run", "-d", *runtime, "--mount", f"type=bind,src={gapdir},dst=/gap,options=rbind:rw",
-             IMAGE, name, "memhog", str(mib), "/gap/gap")
-    wait_for(lambda: (gapdir / "gap").exists(), timeout=120, what=f"{name} to fill {mib} MiB")
+             IMAGE, name, "memhog", str(mib), *(["/gap/gap"] if gap else []))
+    filled = (lambda: (gapdir / "gap").exists()) if gap else (
+        lambda: resident_kib(task_pid(node, name)) >= mib * 1024)
+    wait_for(filled, timeout=120, what=f"{name} to fill {mib} MiB")
+
+
+def resident_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def torpor(w: World, node: Node, *args: str) -> float:

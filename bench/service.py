@@ -1,5 +1,9 @@
-"""torpord's worth: a 64 MiB checkpoint -o DIR and its restore with the service running, with
-TORPOR_NO_SERVICE=1 (the CLI in-process, as without torpord) and with bare runc, in one run.
+"""torpord's worth: a 64 MiB checkpoint -o DIR and its restore with the service running (the
+CLI's commands and torpor-runc's checkpoint handed to it), with the service stopped (the CLI and
+torpor-runc in their own processes, as on a node without torpord) and with bare runc, in one run.
+torpord is started before each round's "service" mode and stopped before its "in-process" one:
+torpor-runc, run by containerd's shim, finds the service through the node's configuration, not
+through the CLI's environment.
 
 The containers hold `memhog`'s dirty, incompressible memory; each checkpoint is
 `--leave-running` (so that one container serves every round) to a new directory, each restore
@@ -25,7 +29,7 @@ from bench.checkpoint import bare_bundle, become_subreaper, runc, start
 from bench.harness import World, world
 from tests.support.containerd import Node
 from tests.support.processes import wait_for
-from torpor.cli import handoff
+from torpor import handoff
 
 MODES = ("service", "in-process", "runc")
 
@@ -66,6 +70,11 @@ def one_round(w: World, node: Node, mode: str, i: int, base: Path) -> tuple[floa
     return checkpoint * 1000, restore * 1000
 
 
+def stop(service: subprocess.Popen[bytes]) -> None:
+    os.kill(service.pid, signal.SIGTERM)
+    service.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
@@ -78,21 +87,29 @@ def main() -> int:
                             + f'[service]\nsocket = "{sock}"\nmetrics = ""\n')
         node = w.node("svc")
         base = w.base / "service-bench"
-        start(node, "t", args.mib, base / "gap-t", ["--runtime", "io.containerd.torpor.v2"])
-        start(node, "r", args.mib, base / "gap-r", ["--runtime", "io.containerd.runc.v2"])
-        service = subprocess.Popen([str(w.bin / "torpord")], env=node.env,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        start(node, "t", args.mib, base / "gap-t", ["--runtime", "io.containerd.torpor.v2"],
+              gap=False)
+        start(node, "r", args.mib, base / "gap-r", ["--runtime", "io.containerd.runc.v2"],
+              gap=False)
+        service: subprocess.Popen[bytes] | None = None
         try:
-            wait_for(lambda: handoff.connect(str(sock)), timeout=60, what="torpord")
             times: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
             for i in range(args.rounds + 1):
                 for mode in MODES if i % 2 else tuple(reversed(MODES)):
+                    if mode == "service" and service is None:
+                        service = subprocess.Popen([str(w.bin / "torpord")], env=node.env,
+                                                   stderr=subprocess.DEVNULL,
+                                                   start_new_session=True)
+                        wait_for(lambda: handoff.connect(str(sock)), timeout=60, what="torpord")
+                    elif mode == "in-process" and service is not None:
+                        stop(service)
+                        service = None
                     measured = one_round(w, node, mode, i, base)
                     if i > 0:
                         times[mode].append(measured)
         finally:
-            os.kill(service.pid, signal.SIGTERM)
-            service.wait(30)
+            if service is not None:
+                stop(service)
         for name in ("t", "r"):
             node.ctr("tasks", "delete", "--force", name)
             node.ctr("containers", "rm", name)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import zstandard
 from .conftest import run_torpor
 from .support import cri, ecosystem
 from .support.netns import NetNS, ip
-from .support.processes import wait_for
+from .support.processes import free_port, kill_pid, wait_for
 from .support.registry import Registry
 from .support.workload import COUNTER, LineClient, exec_out, remove
 from .support.world import World
@@ -325,6 +326,34 @@ def entry_sizes(archive: Path) -> dict[str, int]:
 INSTALLER = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / "node-install.sh"
 
 
+def installer_env(tmp_path: Path, torpor_bin: Path, version: str = "2.1.9",
+                  torpord: str = "none") -> dict[str, str]:
+    """node-install.sh past the installation of torpor, on temporary paths: containerd's config
+    under tmp_path/etc, the real containerd 2.1.9 saying it is `version`, no restart."""
+    real = ecosystem.CONTAINERD2_BIN / "containerd"
+    containerd = tmp_path / "containerd"
+    containerd.write_text(
+        "#!/bin/sh\n"
+        f'[ "$1" = --version ] && {{ echo "containerd x/v2 v{version} abc"; exit 0; }}\n'
+        f'exec {real} "$@"\n')
+    containerd.chmod(0o755)
+    return {"PATH": f"{ecosystem.CONTAINERD2_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "CONTAINERD_CONFIG": str(tmp_path / "etc" / "config.toml"),
+            "CONTAINERD_BIN": str(containerd),
+            "TORPOR_BIN": str(torpor_bin / "torpor"), "PREFIX": str(torpor_bin.parent),
+            "TORPOR_SKIP_INSTALL": "1", "TORPOR_RESTART": "none",
+            "TORPOR_MARKER": str(tmp_path / "installed"), "TORPOR_PYTHON": sys.executable,
+            "TORPOR_CONFIG": str(tmp_path / "torpor" / "config.toml"), "TORPORD": torpord,
+            "TORPORD_STATE": str(tmp_path / "torpord.installed")}
+
+
+def install(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 @pytest.mark.parametrize("version", ["2.1.9", "2.2.7"])
 def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin: Path,
                                                       version: str) -> None:
@@ -333,19 +362,8 @@ def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin
     containerd wants it (2.2.7), nothing changed on a second run. containerd says which version
     it is; the real 2.1.9 checks that the result loads."""
     real = ecosystem.CONTAINERD2_BIN / "containerd"
-    containerd = tmp_path / "containerd"
-    containerd.write_text(
-        "#!/bin/sh\n"
-        f'[ "$1" = --version ] && {{ echo "containerd x/v2 v{version} abc"; exit 0; }}\n'
-        f'exec {real} "$@"\n')
-    containerd.chmod(0o755)
-    config = tmp_path / "etc" / "config.toml"
-    env = {"PATH": f"{ecosystem.CONTAINERD2_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
-           "CONTAINERD_CONFIG": str(config), "CONTAINERD_BIN": str(containerd),
-           "TORPOR_BIN": str(torpor_bin / "torpor"), "PREFIX": str(torpor_bin.parent),
-           "TORPOR_SKIP_INSTALL": "1", "TORPOR_RESTART": "none",
-           "TORPOR_MARKER": str(tmp_path / "installed"), "TORPOR_PYTHON": sys.executable,
-           "TORPOR_CONFIG": str(tmp_path / "torpor" / "config.toml")}
+    env = installer_env(tmp_path, torpor_bin, version)
+    config = Path(env["CONTAINERD_CONFIG"])
     first = subprocess.run(["bash", str(INSTALLER)], env=env, capture_output=True, text=True,
                            timeout=120)
     assert first.returncode == 0, first.stderr
@@ -371,3 +389,110 @@ def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin
     assert again.returncode == 0, again.stderr
     assert "already has the torpor runtime class" in again.stderr
     assert config.read_text() == text
+
+
+def service_config(tmp_path: Path) -> tuple[Path, int]:
+    """torpor's config for an installer run that starts torpord: its socket, state, store and
+    metrics port on temporary paths; its port."""
+    port = free_port()
+    config = tmp_path / "torpor" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[runtime]\nstate_dir = "{tmp_path}/state"\nlog_dir = "{tmp_path}/logs"\n'
+                      f'[image]\nstore = "{tmp_path}/store"\n[restore]\nsignatures = "required"\n'
+                      f'[service]\nsocket = "{tmp_path}/torpord.sock"\n'
+                      f'metrics = "127.0.0.1:{port}"\n')
+    return config, port
+
+
+def commands_served(port: int, command: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    wanted = f'torpor_commands_total{{command="{command}",result="success"}} '
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+
+
+def installed_pid(env: dict[str, str]) -> int:
+    return int(Path(env["TORPORD_STATE"]).read_text().split()[0])
+
+
+def test_node_installer_starts_torpord_once_and_again_for_a_new_torpor(
+        tmp_path: Path, torpor_bin: Path) -> None:
+    """A host whose init is not systemd (this one): the installer starts torpord itself,
+    detached; the CLI then hands its commands to it (the metrics count them); a second run
+    leaves it as it is; a run for another torpor version replaces it, SIGTERM first."""
+    config, port = service_config(tmp_path)
+    env = {**installer_env(tmp_path, torpor_bin, torpord="direct"), "TORPORD_CGROUP": "",
+           "TORPORD_LOG": str(tmp_path / "torpord.log")}
+    pids: list[int] = []
+    try:
+        first = install(env)
+        pids.append(installed_pid(env))
+        assert f"torpord: started (pid {pids[0]}" in first.stderr, first.stderr
+        cli = {"PATH": env["PATH"], "TORPOR_CONFIG": str(config)}
+        listed = subprocess.run([str(torpor_bin / "torpor"), "ls"], env=cli,
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert commands_served(port, "ls") == 1   # through the installed torpord
+
+        again = install(env)
+        assert "torpord: already answers on its socket" in again.stderr, again.stderr
+        assert installed_pid(env) == pids[0] and Path(f"/proc/{pids[0]}").exists()
+
+        Path(env["TORPORD_STATE"]).write_text(f"{pids[0]} 0.0.1\n")   # started by an older one
+        upgraded = install(env)
+        pids.append(installed_pid(env))
+        assert f"stopping pid {pids[0]} (torpor 0.0.1" in upgraded.stderr, upgraded.stderr
+        wait_for(lambda: not Path(f"/proc/{pids[0]}").exists()
+                 or "Z" in Path(f"/proc/{pids[0]}/stat").read_text().split()[2],
+                 timeout=30, what="the old torpord gone")
+        assert pids[1] != pids[0] and commands_served(port, "ls") == 0   # a new service
+    finally:
+        for pid in pids:
+            kill_pid(pid)
+
+
+def test_node_installer_installs_the_systemd_unit_once(tmp_path: Path, torpor_bin: Path) -> None:
+    """A systemd host, as far as one goes without systemd as pid 1: the unit written with
+    ExecStart in the install's prefix (systemd-analyze verify accepts it: the command exists),
+    enabled and started once; a second run changes nothing and restarts nothing. systemctl is
+    a script that records its calls and runs the unit's ExecStart on start/restart."""
+    config, _ = service_config(tmp_path)
+    calls, units = tmp_path / "systemctl.calls", tmp_path / "units"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(
+        "#!/bin/bash\n"
+        f'echo "$*" >>{calls}\n'
+        'case "$1" in\n'
+        f'  is-enabled) [ -e {tmp_path}/enabled ] ;;\n'
+        f'  enable) touch {tmp_path}/enabled ;;\n'
+        f'  is-active) [ -e {tmp_path}/active ] && kill -0 "$(cat {tmp_path}/active)" ;;\n'
+        f'  start|restart) exec=$(sed -n "s/^ExecStart=//p" {units}/torpord.service)\n'
+        f'    setsid "$exec" </dev/null >>{tmp_path}/torpord.log 2>&1 &\n'
+        f'    echo $! >{tmp_path}/active ;;\n'
+        'esac\n')
+    systemctl.chmod(0o755)
+    env = {**installer_env(tmp_path, torpor_bin, torpord="systemd"),
+           "SYSTEMCTL": str(systemctl), "SYSTEMD_UNIT_DIR": str(units)}
+    try:
+        first = install(env)
+        unit = (units / "torpord.service").read_text()
+        assert f"ExecStart={torpor_bin / 'torpord'}\n" in unit and "KillMode=process" in unit
+        verified = subprocess.run(["systemd-analyze", "verify", str(units / "torpord.service")],
+                                  capture_output=True, text=True, timeout=60)
+        assert verified.returncode == 0, verified.stderr
+        assert calls.read_text().splitlines() == [
+            "daemon-reload", "is-enabled --quiet torpord", "enable torpord", "restart torpord"]
+        assert "torpord: (re)started with systemd" in first.stderr
+        assert "does not answer" not in first.stderr, first.stderr
+        ping = subprocess.run([str(torpor_bin / "torpord"), "--ping"],
+                              env={"TORPOR_CONFIG": str(config)}, timeout=60)
+        assert ping.returncode == 0
+        calls.write_text("")
+        again = install(env)
+        assert calls.read_text().splitlines() == ["is-enabled --quiet torpord",
+                                                  "is-active --quiet torpord"]
+        assert "torpord: already running (systemd)" in again.stderr
+        assert (units / "torpord.service").read_text() == unit
+    finally:
+        if (tmp_path / "active").exists():
+            kill_pid(int((tmp_path / "active").read_text()))

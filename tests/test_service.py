@@ -12,16 +12,19 @@ import socket
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from torpor.cli import handoff
+from torpor import handoff
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
 from .support.processes import free_port, kill_pid, wait_for
+from .support.registry import Registry
 from .support.workload import (
     COUNTER,
     containers,
@@ -72,13 +75,25 @@ class Torpord:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             return str(r.read().decode())
 
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample of /metrics: (name, its labels) -> value."""
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(self.metrics_text())
+                for s in family.samples}
+
     def count(self, command: str, result: str = "success") -> float:
-        text = self.metrics_text()
-        wanted = f'torpor_commands_total{{command="{command}",result="{result}"}} '
-        for line in text.splitlines():
-            if line.startswith(wanted):
-                return float(line.split()[-1])
-        return 0.0
+        return self.samples().get(("torpor_commands_total", frozenset(
+            {"command": command, "result": result}.items())), 0.0)
+
+
+def delta(before: dict[tuple[str, frozenset[tuple[str, str]]], float],
+          after: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:
+    """How much the samples of `name` with these labels (and any others) grew."""
+    def total(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> float:
+        return sum(v for (n, ls), v in samples.items()
+                   if n == name and set(labels.items()) <= ls)
+    return total(after) - total(before)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +109,13 @@ def service_node(nodes: Nodes, session_dir: Path) -> Node:
     node = nodes.start("service", config=config)
     node.extra_env["TORPOR_TEST_METRICS_PORT"] = str(port)
     return node
+
+
+@pytest.fixture(scope="module")
+def registry(session_dir: Path) -> Iterator[Registry]:
+    started = Registry(session_dir / "registries", f"svc-{uuid.uuid4().hex[:6]}").start()
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="module")
@@ -137,9 +159,53 @@ def test_checkpoint_and_restore_with_and_without_the_service(
         torpord.metrics_text()
 
 
+def test_the_metrics_count_the_bytes_each_command_moved(
+        service_node: Node, torpord: Torpord, registry: Registry, test_image: dict[str, object],
+        ) -> None:
+    """A checkpoint pushed to a registry, then restored from it twice through the service:
+    the first restore downloads it (the node's store no longer holds it), the second takes
+    it from the store; /metrics grew by exactly what the commands' --json said they moved."""
+    node = service_node
+    name = "svc-bytes"
+    ref = f"{registry.host}/svc/bytes:1"
+    before = torpord.samples()
+    with containers(node) as names:
+        names += [name, f"{name}-b", f"{name}-c"]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        wait_counter_above(node, name, 5)
+        made = json.loads(torpor(node, "checkpoint", name, "-t", ref, "--push",
+                                 "--leave-running", "--json").stdout)
+        torpor(node, "rm", ref)
+        fetched = json.loads(torpor(node, "restore", ref, "--name", f"{name}-b",
+                                    "--json").stdout)
+        stored = json.loads(torpor(node, "restore", ref, "--name", f"{name}-c",
+                                   "--json").stdout)
+        wait_counter_above(node, f"{name}-c", read_counter(node, f"{name}-c") + 3)
+    after = torpord.samples()
+    moved = {(command, kind): delta(before, after, "torpor_command_bytes_total",
+                                    command=command, kind=kind)
+             for command in ("checkpoint", "restore")
+             for kind in ("written", "pushed", "downloaded", "local")}
+    assert moved == {
+        ("checkpoint", "written"): made["written_bytes"],
+        ("checkpoint", "pushed"): made["pushed"]["bytes_uploaded"],
+        ("checkpoint", "downloaded"): 0, ("checkpoint", "local"): 0,
+        ("restore", "written"): 0, ("restore", "pushed"): 0,
+        ("restore", "downloaded"): fetched["downloaded_bytes"] + stored["downloaded_bytes"],
+        ("restore", "local"): fetched["local_bytes"] + stored["local_bytes"],
+    }, torpord.metrics_text()
+    assert made["written_bytes"] == made["compressed_bytes"] > 0   # a first generation
+    assert made["pushed"]["bytes_uploaded"] >= made["compressed_bytes"]
+    # the first restore downloaded the image, the second found it all in the store
+    assert fetched["downloaded_bytes"] >= made["compressed_bytes"] and fetched["local_bytes"] == 0
+    assert stored["local_bytes"] >= made["compressed_bytes"]
+    assert stored["downloaded_bytes"] < made["compressed_bytes"] // 10   # configs only
+
+
 def test_a_failing_command_reads_the_same_either_way(service_node: Node, torpord: Torpord,
                                                      tmp_path: Path) -> None:
     failures = torpord.count("restore", "failure")
+    before = torpord.samples()
     missing = ["restore", str(tmp_path / "no-such-checkpoint"), "--name", "svc-missing"]
     served = torpor(service_node, *missing, check=False)
     local = torpor(service_node, *missing, env=NO_SERVICE, check=False)
@@ -147,6 +213,10 @@ def test_a_failing_command_reads_the_same_either_way(service_node: Node, torpord
     assert (served.returncode, served.stdout, served.stderr) == \
         (local.returncode, local.stdout, local.stderr)
     assert torpord.count("restore", "failure") == failures + 1
+    grown = {dict(labels)["error"] for (name, labels), value in torpord.samples().items()
+             if name == "torpor_command_failures_total" and dict(labels)["command"] == "restore"
+             and value > before.get((name, labels), 0.0)}
+    assert grown == {"ImageError"}, torpord.metrics_text()   # what the child raised
 
 
 def connect_as_nobody(path: Path) -> str:
@@ -273,3 +343,58 @@ def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
             assert freezer_state(pid) != "FROZEN"
     torpord.start()  # a stale socket file is no obstacle
     assert torpor(node, "ls").returncode == 0
+
+
+@pytest.mark.parametrize("service", ["running", "stopped"])
+def test_torpor_runc_checkpoints_through_the_service_when_it_runs(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object], tmp_path: Path,
+        service: str) -> None:
+    """containerd's shim runs torpor-runc checkpoint; with torpord answering, torpor-runc hands
+    the checkpoint to it (the metrics count "torpor-runc checkpoint"), without it, it runs the
+    checkpoint itself; either way the container restores and its counter goes on."""
+    node = service_node
+    name = f"svc-runc-{service}"
+    if service == "stopped":
+        torpord.stop()
+    try:
+        before = torpord.count("torpor-runc checkpoint") if service == "running" else 0.0
+        with containers(node) as names:
+            names += [name, f"{name}-b"]
+            node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+            counted = wait_counter_above(node, name, 5)
+            torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"))
+            assert task_status(node, name) == "STOPPED"
+            torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
+            resumed = read_counter(node, f"{name}-b")
+            assert resumed >= counted
+            wait_counter_above(node, f"{name}-b", resumed + 3)
+        if service == "running":
+            assert torpord.count("torpor-runc checkpoint") == before + 1, torpord.metrics_text()
+        else:
+            assert not torpord.socket.exists()   # it ran with no service at all
+    finally:
+        if service == "stopped":
+            torpord.start()
+
+
+def test_torpor_runc_reports_the_same_through_the_service(service_node: Node, torpord: Torpord,
+                                                          tmp_path: Path) -> None:
+    """What runc answers itself (no such container: torpor-runc execs runc): the same exit
+    status, output and --log JSON lines through torpord as in-process."""
+    seen = []
+    for env in ({}, NO_SERVICE):
+        log = tmp_path / f"log-{len(seen)}.json"
+        done = subprocess.run([str(service_node.bin_dir / "torpor-runc"), "--root",
+                               str(tmp_path / "runc-root"), "--log", str(log), "--log-format",
+                               "json", "checkpoint", "--image-path", str(tmp_path / "img"),
+                               "svc-no-such"], env={**service_node.env, **env},
+                              capture_output=True, text=True, timeout=60)
+        lines = [{k: v for k, v in json.loads(line).items() if k != "time"}
+                 for line in log.read_text().splitlines()] if log.exists() else []
+        seen.append((done.returncode, done.stdout, done.stderr, lines))
+    assert seen[0] == seen[1]
+    assert seen[0][0] == 1 and seen[0][3] == [{"level": "error", "msg": "container does not exist"}]
+    failed = [labels for (name, labels), value in torpord.samples().items()
+              if name == "torpor_command_failures_total" and value > 0]
+    assert frozenset({"command": "torpor-runc checkpoint", "error": "ExitStatus"}.items()) \
+        in failed, torpord.metrics_text()

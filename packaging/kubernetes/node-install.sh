@@ -11,14 +11,27 @@
 #  4. only if the config changed: check that containerd loads it, restart containerd, wait for
 #     it to answer, and put the old config back (and restart again) if it does not. Running
 #     containers survive a containerd restart: their shims keep them;
-#  5. leave a marker file the DaemonSet's readiness probe looks for.
+#  5. torpor's own config, where there is none: [restore] signatures = "required";
+#  6. torpord, the node service (docs/service.md), running: on a host whose init is systemd,
+#     the unit packaging/systemd/torpord.service (ExecStart in $PREFIX/bin) installed,
+#     enabled, and started, or restarted when the unit or torpor's version changed; on any
+#     other host, torpord started here, detached (setsid), in a cgroup of its own so that the
+#     installer pod's end does not take it, unless one already answers on its socket. Nothing
+#     restarts that one if it dies, until the installer runs again (its pod restarting, at a
+#     reboot): the CLI and torpor-runc work without it;
+#  7. leave a marker file the DaemonSet's readiness probe looks for.
 #
 # Settings (environment): TORPOR_SRC (torpor's source tree, default: the one this script is
 # in), CONTAINERD_CONFIG (/etc/containerd/config.toml), CONTAINERD_ADDRESS
 # (/run/containerd/containerd.sock), PREFIX (/usr/local), TORPOR_RESTART (systemctl | none),
 # TORPOR_SKIP_INSTALL=1 (torpor already installed: steps 3-5 only), TORPOR_MARKER
 # (/var/lib/torpor/node-installed), TORPOR_CONFIG (/etc/torpor/config.toml: written with
-# [restore] signatures = "required" where there is none).
+# [restore] signatures = "required" where there is none), TORPORD (auto | systemd | direct |
+# none; auto: systemd where /run/systemd/system exists, else direct), SYSTEMD_UNIT_DIR
+# (/etc/systemd/system), SYSTEMCTL (systemctl), TORPORD_CGROUP (direct: the cgroup v2 directory
+# torpord runs in, /sys/fs/cgroup/torpord; "" leaves it in the installer's), TORPORD_LOG
+# (direct: /var/log/torpor/torpord.log), TORPORD_STATE (/var/lib/torpor/torpord.installed: the
+# unit and version torpord last started with).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -133,7 +146,81 @@ elif ! grep -q '^[[:space:]]*signatures[[:space:]]*=' "$TORPOR_CONFIG_FILE"; the
     log "note: $TORPOR_CONFIG_FILE sets no [restore] signatures: unsigned checkpoints from other nodes restore here"
 fi
 
-# 6. done
+# 6. torpord
+TORPORD_BIN=${TORPORD_BIN:-$PREFIX/bin/torpord}
+mode=${TORPORD:-auto}
+if [ "$mode" = auto ]; then
+    if [ -d /run/systemd/system ]; then mode=systemd; else mode=direct; fi
+fi
+torpord_answers() { "$TORPORD_BIN" --ping 2>/dev/null; }
+wait_torpord() {
+    for _ in $(seq 60); do torpord_answers && return 0; sleep 0.5; done
+    return 1
+}
+state=${TORPORD_STATE:-/var/lib/torpor/torpord.installed}
+torpor_version=$(TORPOR_NO_SERVICE=1 "$TORPOR" --version | awk '{print $NF}')
+mkdir -p "$(dirname "$state")"
+case "$mode" in
+none)
+    log "torpord: not started (TORPORD=none); the CLI and torpor-runc run without it" ;;
+systemd)
+    SYSTEMCTL=${SYSTEMCTL:-systemctl}
+    units=${SYSTEMD_UNIT_DIR:-/etc/systemd/system}
+    mkdir -p "$units"
+    unit=$(sed "s|^ExecStart=.*|ExecStart=$TORPORD_BIN|" "$SRC/packaging/systemd/torpord.service")
+    wanted=$(printf '%s\n%s\n' "$torpor_version" "$unit" | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$units/torpord.service" 2>/dev/null)" != "$unit" ]; then
+        printf '%s\n' "$unit" >"$units/torpord.service.tmp"
+        mv "$units/torpord.service.tmp" "$units/torpord.service"
+        "$SYSTEMCTL" daemon-reload
+        log "torpord: installed $units/torpord.service"
+    fi
+    "$SYSTEMCTL" is-enabled --quiet torpord 2>/dev/null || "$SYSTEMCTL" enable torpord
+    if [ "$(cat "$state" 2>/dev/null)" != "$wanted" ]; then
+        # a new unit or a new torpor: restart (KillMode=process: running commands finish)
+        "$SYSTEMCTL" restart torpord
+        printf '%s\n' "$wanted" >"$state"
+        log "torpord: (re)started with systemd"
+    elif ! "$SYSTEMCTL" is-active --quiet torpord; then
+        "$SYSTEMCTL" start torpord
+        log "torpord: started with systemd"
+    else
+        log "torpord: already running (systemd)"
+    fi
+    wait_torpord || log "warning: torpord does not answer on its socket: journalctl -u torpord \
+(the CLI and torpor-runc run without it)" ;;
+direct)
+    read -r old_pid old_version <"$state" 2>/dev/null || true
+    if torpord_answers && { [ "${old_version:-}" = "$torpor_version" ] || [ -z "${old_pid:-}" ]; }; then
+        log "torpord: already answers on its socket"
+    else
+        if torpord_answers && grep -qs torpord "/proc/$old_pid/cmdline"; then
+            log "torpord: stopping pid $old_pid (torpor ${old_version:-?}; running commands finish)"
+            kill -TERM "$old_pid"
+            for _ in $(seq 60); do torpord_answers || break; sleep 0.5; done
+        fi
+        log_file=${TORPORD_LOG:-/var/log/torpor/torpord.log}
+        cgroup=${TORPORD_CGROUP-/sys/fs/cgroup/torpord}
+        mkdir -p "$(dirname "$log_file")"
+        (
+            # out of the installer pod's cgroup (cgroup v2), so that the pod's end spares it
+            if [ -n "$cgroup" ] && [ -f "$(dirname "$cgroup")/cgroup.controllers" ]; then
+                mkdir -p "$cgroup" && echo "$BASHPID" >"$cgroup/cgroup.procs"
+            fi
+            exec setsid "$TORPORD_BIN" </dev/null >>"$log_file" 2>&1
+        ) &
+        printf '%s %s\n' "$!" "$torpor_version" >"$state"
+        if wait_torpord; then
+            log "torpord: started (pid $!, log $log_file); nothing restarts it if it dies \
+until this installer runs again"
+        else
+            log "warning: torpord did not answer: see $log_file (the CLI and torpor-runc run without it)"
+        fi
+    fi ;;
+*) die "TORPORD=$mode: say auto, systemd, direct or none" ;;
+esac
+
+# 7. done
 mkdir -p "$(dirname "$MARKER")"
 printf 'torpor %s, containerd %s, %s\n' "$("$TORPOR" --version | awk '{print $NF}')" \
     "$version" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$MARKER"

@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
 GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting",
-          "formats", "archive",
+          "tally", "handoff", "formats", "archive",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
                 "signing", "criu_images", "lazy"}
@@ -23,7 +23,9 @@ ALLOWED = {
     **{name: GROUND for name in ("registry", "capture", "runtime_config", "criu_images")},
     "ops": GROUND | CAPABILITIES,
     "cli": GROUND | CAPABILITIES | {"ops"},
-    "service": GROUND | {"cli", "ops"},  # torpord runs the CLI's commands (and schedules)
+    # torpord runs the CLI's commands, the schedules, and torpor-runc's checkpoint (pyroute2
+    # imported before it forks: capture.netns)
+    "service": GROUND | {"cli", "ops", "shim", "capture"},
     "shim": GROUND | {"capture", "gpu", "criu_images"},
     "oci_hooks": GROUND | {"capture"},
 }

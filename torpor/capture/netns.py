@@ -69,6 +69,13 @@ def _ipr(netns: str) -> Any:
         os.close(own)
 
 
+def preload() -> None:
+    """Import what `_ipr` needs now (torpord, before it forks its children)."""
+    _defer_pyroute2_package()
+    importlib.import_module("pyroute2.iproute.linux")
+    importlib.import_module("pyroute2.netns")
+
+
 def _defer_pyroute2_package() -> None:
     """pyroute2's package `__init__` imports every module it has (IPDB, NDB, conntrack, ipset,
     ...), about 50 ms more than the few that IPRoute needs, on every checkpoint and restore.

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 import torpor
+from torpor import tally
 from torpor.cli.output import Globals
 from torpor.errors import TorporError
 
@@ -64,16 +65,26 @@ class TorporGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TorporError as e:
-            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+            tally.failed(type(e).__name__)   # torpord counts failures by what ended them
+            if _debug(ctx):
                 raise
             click.echo(f"torpor: error: {e}", err=True)
             ctx.exit(e.exit_code)
         except OSError as e:  # a file or device the system refused: say which, not a traceback
-            if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+            tally.failed("OSError")
+            if _debug(ctx):
                 raise
             where = f": {e.filename}" if e.filename else ""
             click.echo(f"torpor: error: {e.strerror or e}{where}", err=True)
             ctx.exit(1)
+        except (click.ClickException, KeyboardInterrupt) as e:   # click reports these itself
+            tally.failed(type(e).__name__)
+            raise
+
+
+def _debug(ctx: click.Context) -> bool:
+    """--debug was given (ctx.obj exists once the group's options are parsed)."""
+    return ctx.obj is not None and bool(getattr(ctx.obj, "debug", False))
 
 
 @click.group(cls=TorporGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,8 +7,7 @@ import time
 
 import click
 
-from torpor import config
-from torpor.cli import handoff
+from torpor import config, handoff
 from torpor.cli.durations import duration_option
 from torpor.cli.output import Globals, emit_json, table
 from torpor.errors import NotFound, TorporError

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torpor import durable, output_path
+from torpor import durable, output_path, tally
 from torpor.capture import journal as journals
 from torpor.capture.journal import ContainerLock
 from torpor.config import Config
@@ -109,8 +109,15 @@ class CheckpointResult:
     new_bytes: int = 0                # blobs the previous generation did not have
     previous: str | None = None       # the local image it was built on
 
+    @property
+    def written_bytes(self) -> int:
+        """What it wrote on this node: a directory's files; an image's blobs that its previous
+        generation did not hold (all of its own for a first one)."""
+        return self.sizes.total if self.directory else self.new_bytes
+
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("sizes", "pushed")}
+        out["written_bytes"] = self.written_bytes
         out["sizes"] = self.sizes.__dict__
         out["pushed"] = self.pushed.__dict__ if self.pushed else None
         return out
@@ -125,9 +132,12 @@ def checkpoint(client: Client, container_id: str, request: CheckpointRequest,
                                  container_id, f"by torpor pid {os.getpid()}")
     try:
         with signals_abort():
-            return _checkpoint(client, container_id, request, target, cfg, progress, started)
+            result = _checkpoint(client, container_id, request, target, cfg, progress, started)
     finally:
         lock.release()
+    tally.add("written", result.written_bytes)
+    tally.add("pushed", result.pushed.bytes_uploaded if result.pushed else 0)
+    return result
 
 
 def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,

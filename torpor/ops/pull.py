@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torpor import output_path, signing
+from torpor import output_path, signing, tally
 from torpor.config import Config
 from torpor.errors import ImageError
 from torpor.image import encrypt_layout, unpack
@@ -72,6 +72,7 @@ def pull(ref: str, cfg: Config, out: str | None = None, access: RegistryAccess =
                 progress.step("decrypting the layers")
                 encrypt_layout.decrypt_layout(layout, keys, tag_of(ref))
         layout = out or str(store.layout(ref))  # switched in: the new copy, whole
+    tally.add("downloaded", result.bytes_downloaded)
     return PullResult(str(result.reference), layout, image.metadata.container.id,
                       result.downloaded, result.bytes_downloaded, image.encrypted and not keys,
                       signed[0].describe())

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torpor import signing
+from torpor import signing, tally
 from torpor.config import Config
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
@@ -81,5 +81,6 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
     if signing_key is not None:
         progress.step(f"signing {pushed.digest} with {signing_key.path}")
         signature = signing.sign_image(ref, pushed.digest, signing_key, options).signature
+    tally.add("pushed", pushed.bytes_uploaded)
     return PushResult(str(pushed.reference), pushed.digest, pushed.uploaded, pushed.mounted,
                       pushed.existing, pushed.bytes_uploaded, signature)

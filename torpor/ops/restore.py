@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torpor import criu_images, signing
+from torpor import criu_images, signing, tally
 from torpor.capture import deadlines, pod, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
@@ -118,9 +118,27 @@ class RestoreResult:
     log: str
     source: str
     timings: dict[str, float]
+    downloaded_bytes: int = 0   # fetched from a registry (a lazy restore's ranges included)
+    local_bytes: int = 0        # taken from this node: its store, a layout, directory, archive
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass
+class Moved:
+    """The checkpoint's bytes a restore fetched from a registry, and took from this node."""
+
+    downloaded: int = 0
+    local: int = 0
+
+
+def layer_bytes(image: unpack.CheckpointImage, lazily: bool) -> int:
+    """A local image's blobs that a restore reads, once per digest (a lazy one's packs are
+    counted as the page source reads them)."""
+    blobs = {d.digest: d.size for d in (*image.state_layers, *image.runnable_blobs)
+             if not (lazily and unpack.is_pack(d))}
+    return sum(blobs.values())
 
 
 @dataclass(frozen=True)
@@ -169,13 +187,17 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     with contextlib.suppress(OSError):   # earlier restores' files whose container is gone
         own_files.sweep(client, cfg)
     with own_files.claims() as claims:   # what this one makes goes if it fails
-        return _restore(client, source, options, cfg, progress, claims)
+        result = _restore(client, source, options, cfg, progress, claims)
+    tally.add("downloaded", result.downloaded_bytes)
+    tally.add("local", result.local_bytes)
+    return result
 
 
 def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
              progress: Progress, claims: own_files.Claims) -> RestoreResult:
     started = time.monotonic()
     timings: dict[str, float] = {}
+    moved = Moved()
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
     keys = options.decryption_keys
@@ -194,8 +216,9 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         name_free(client, options.name or metadata.container.id)
         compat.check(metadata, cfg, this_node(client, options))
         approved = approve(metadata, options, cfg, client.namespace, claims)
+        moved.local = metadata.sizes.total
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
-                                  cfg, progress, started, source, timings)
+                                  cfg, progress, started, source, timings, moved)
     if kind is SourceKind.KUBE_ARCHIVE:
         with store.scratch() as scratch:
             progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
@@ -205,8 +228,9 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                              progress)
             name_free(client, options.name or metadata.container.id)
             approved = approve(metadata, options, cfg, client.namespace, claims)
+            moved.local = os.path.getsize(source)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
-                                      progress, started, source, timings)
+                                      progress, started, source, timings, moved)
 
     ref: str | None = None
     with store.scratch() as scratch:
@@ -228,7 +252,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 wanted = [layer for layer in plan.layers
                           if layer.descriptor == image.metadata_layer]
                 if wanted:   # an encrypted image's whole metadata: one small layer, first
-                    plan.download(metadata_layout, wanted)
+                    moved.downloaded += plan.download(metadata_layout, wanted).bytes_downloaded
                 metadata = unpack.full_metadata(image, metadata_layout, keys, str(scratch),
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
@@ -238,7 +262,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                     layers = [la for la in plan.layers if not unpack.is_pack(la.descriptor)]
                     progress.step(f"downloading {len(layers)} layers; the memory comes lazily")
                     layout = str(scratch / "layout")
-                    plan.download(layout, layers, progress=progress.transfer("downloaded"))
+                    moved.downloaded += plan.download(
+                        layout, layers, progress=progress.transfer("downloaded")).bytes_downloaded
                 else:
                     with store.downloading(plan.top.descriptor.digest, progress.step), \
                             store.staging(source) as staged:  # the previous copy stays till whole
@@ -246,7 +271,11 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                         layers = generation.place_for_pull(plan, held, staged)  # the store has them
                         progress.step(f"downloading {len(layers)} layers "
                                       f"({len(held)} already here)")
-                        plan.download(staged, layers, progress=progress.transfer("downloaded"))
+                        moved.downloaded += plan.download(
+                            staged, layers,
+                            progress=progress.transfer("downloaded")).bytes_downloaded
+                        moved.local = sum(la.descriptor.size for la in plan.layers
+                                          if la.descriptor.digest in held)
                     layout = str(store.layout(source))
                 timings["pull_s"] = time.monotonic() - t
         else:
@@ -262,6 +291,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)
             approved = approve(metadata, options, cfg, client.namespace, claims)
             lazy = lazy_memory(source, image, options, cfg, store, None)
+            moved.local = layer_bytes(image, lazily=lazy is not None)
         name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
                       f"{image.index.digest.split(':')[1][:12]}"
         # 5. the CRIU images into scratch, the runnable image into containerd
@@ -280,8 +310,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             with _deadline(cfg, "reading the unpacked checkpoint"):
                 metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
-                                      progress, started, source, timings, rootfs_image=chain,
-                                      lazy=lazy)
+                                      progress, started, source, timings, moved,
+                                      rootfs_image=chain, lazy=lazy)
 
 
 def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOptions,
@@ -331,7 +361,7 @@ def name_free(client: Client, name: str) -> None:
 def _restore_directory(client: Client, directory: str, metadata: CheckpointMetadata,
                        approved: ApprovedSpec, options: RestoreOptions, cfg: Config,
                        progress: Progress, started: float, source: str,
-                       timings: dict[str, float],
+                       timings: dict[str, float], moved: Moved,
                        rootfs_image: BaseImage | None = None,
                        lazy: LazyMemory | None = None) -> RestoreResult:
     """Steps 6 to 8 from a checkpoint directory. `rootfs_image` is an image in containerd that
@@ -428,13 +458,16 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
             lazy_progress.remove(cfg.runtime_state_dir, client.namespace, name)
             timings.update(lazy_s=done.complete_s, lazy_remote_bytes=done.remote_bytes,
                            lazy_local_bytes=done.local_bytes)
+            moved.downloaded += done.remote_bytes
+            moved.local += done.local_bytes
         undo.pop_all()
     if pages is not None:
         pages.close()
     shutil.rmtree(work, ignore_errors=True)
     _quietly(os.unlink, grant)
     timings["total_s"] = time.monotonic() - started
-    return RestoreResult(name, pid, client.namespace, log_uri, source, timings)
+    return RestoreResult(name, pid, client.namespace, log_uri, source, timings,
+                         moved.downloaded, moved.local)
 
 
 def _tracker(cfg: Config, namespace: str, name: str, source: str,

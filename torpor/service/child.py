@@ -1,5 +1,8 @@
 """One command in a child of torpord: the caller's fds, directory, environment and argv, then
-the same click main the CLI runs in-process; its exit status goes back on the connection."""
+the same main the caller would have run in-process (the CLI's click main, or torpor-runc's for
+its checkpoint); its exit status goes back on the connection, and
+what it moved and the error that ended it (torpor.tally's report) to the service, in one write
+to `report_fd` (a pipe) just before: a child killed before it leaves the pipe empty."""
 
 from __future__ import annotations
 
@@ -9,8 +12,11 @@ import signal
 import socket
 import sys
 
-from torpor.cli import handoff
+from torpor import handoff, tally
 from torpor.cli.main import main as cli_main
+from torpor.shim.main import main as runtime_main
+
+RUNTIME_MODULES = ("torpor.shim.checkpoint_cmd",)   # what torpor-runc's checkpoint imports
 
 
 def _stream(fd: int, write: bool) -> io.TextIOWrapper:
@@ -24,7 +30,7 @@ def _stream(fd: int, write: bool) -> io.TextIOWrapper:
 
 
 def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str], cwd: str,
-        umask: int, close: list[int]) -> None:
+        umask: int, close: list[int], report_fd: int, program: str = "torpor") -> None:
     """In the forked child: never returns."""
     status = 1
     try:
@@ -42,10 +48,11 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
         sys.argv = list(argv)
         sys.stdin, sys.stdout, sys.stderr = _stream(0, False), _stream(1, True), _stream(2, True)
         os.chdir(cwd)
-        status = cli_main()
+        status = runtime_main(in_service=True) if program == "torpor-runc" else cli_main()
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 1
     except BaseException as e:  # the child reports every failure, then exits
+        tally.failed(type(e).__name__)
         try:
             sys.stderr.write(f"torpor: error: {e}\n")
         except BaseException:
@@ -61,6 +68,10 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
         # thread's only, and grpc's threads would take the signal)
         for signum in handoff.FORWARDED_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+        try:   # before the exit status: the service has it when it reaps this child
+            os.write(report_fd, tally.report())
+        except OSError:
+            pass
         try:
             conn.sendall(handoff.encode({"exit": status}))
         except OSError:

@@ -3,10 +3,11 @@ and a pidfd per child, so every fork happens in the one thread there is.
 
 A connection: the peer is checked (peer.py), its request read with fds 0, 1, 2, "accepted"
 sent, a child forked (child.py), its pid sent. The child reports its own exit status, so a
-torpord killed meanwhile loses no answer; the service answers for a child killed by a signal,
-and records every child's status and time in the metrics. A caller that goes away (its
-connection closes) has its command sent SIGTERM, as a terminal closing on an in-process
-command would. SIGTERM stops the service: the socket goes, running commands run on.
+torpord killed meanwhile loses no answer; the service answers for a child that did not (killed
+by a signal, or one that exec'd runc, as torpor-runc does for what runc answers itself: its
+report pipe is empty), and records every child's status, time and report in the metrics. A
+caller that goes away (its connection closes) has its command sent SIGTERM, as a terminal
+closing on an in-process command would. SIGTERM stops the service: the socket goes, running commands run on.
 
 Schedules (`torpor schedule add`, ops/schedule_book.py): about once a second the loop reads the
 book, and forks a child for each schedule that is due and has no round running, the round
@@ -29,8 +30,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from torpor import config
-from torpor.cli import handoff
+from torpor import config, handoff, tally
+from torpor.capture import netns
 from torpor.cli.main import LAZY_COMMANDS
 from torpor.errors import ConfigError, TorporError
 from torpor.ops.schedule_book import Book, Entry
@@ -53,6 +54,7 @@ class Job:
     caller_gone: bool = False
     schedule: Entry | None = None   # a schedule's round: no caller, its outcome to the book
     wall_started: float = 0.0
+    report: int = -1                # the read end of the pipe the child reports on (tally)
 
 
 def listen(path: str) -> socket.socket:
@@ -123,7 +125,7 @@ class Service:
             self.start(conn, *request)
 
     def read_request(self, conn: socket.socket,
-                     ) -> tuple[list[int], list[str], dict[str, str], str, int] | None:
+                     ) -> tuple[list[int], str, list[str], dict[str, str], str, int] | None:
         """The peer's fds and request, "accepted" sent; None where the peer was refused."""
         _pid, uid, _gid = peer.peer_credentials(conn)
         why = peer.refusal(uid)
@@ -137,31 +139,32 @@ class Service:
             line = handoff.LineReader(conn, data).line()
             if line is None or len(fds) != 3:
                 raise handoff.ProtocolError("a request needs one line and fds 0, 1 and 2")
-            argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
+            program, argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
             conn.settimeout(None)
             conn.sendall(handoff.encode({"accepted": True}))
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
-        return fds, argv, env, cwd, umask
+        return fds, program, argv, env, cwd, umask
 
-    def start(self, conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str],
-              cwd: str, umask: int) -> None:
+    def start(self, conn: socket.socket, fds: list[int], program: str, argv: list[str],
+              env: dict[str, str], cwd: str, umask: int) -> None:
+        report, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            close = [self.listener.fileno(), self.selector.fileno(),
-                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
-            metrics_fd = self.metrics.listening_fd()
-            if metrics_fd is not None:
-                close.append(metrics_fd)
             started = time.monotonic()
             pid = os.fork()
             if pid == 0:
-                child.run(conn, fds, argv, env, cwd, umask, close)
+                child.run(conn, fds, argv, env, cwd, umask, self.inherited(report), report_w,
+                          program)
+        except BaseException:
+            os.close(report)
+            raise
         finally:
-            for fd in fds:
+            for fd in (*fds, report_w):
                 os.close(fd)
-        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv), started)
+        job = Job(pid, os.pidfd_open(pid), conn, command_of(argv, program), started,
+                  report=report)
         self.jobs[job.pidfd] = job
         self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
         self.selector.register(conn, selectors.EVENT_READ, job)
@@ -169,6 +172,16 @@ class Service:
             conn.sendall(handoff.encode({"pid": pid}))
         except OSError:
             pass
+
+    def inherited(self, *more: int) -> list[int]:
+        """The service's fds that a child closes first: the sockets, the other children's."""
+        close = [self.listener.fileno(), self.selector.fileno(), *more,
+                 *(fd for job in self.jobs.values()
+                   for fd in (job.pidfd, job.conn.fileno(), job.report))]
+        metrics_fd = self.metrics.listening_fd()
+        if metrics_fd is not None:
+            close.append(metrics_fd)
+        return close
 
     def run_due(self) -> None:
         """A round for every schedule that is due and has none running."""
@@ -193,24 +206,23 @@ class Service:
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        report, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             os.write(log, time.strftime("--- %Y-%m-%dT%H:%M:%SZ round\n", time.gmtime()).encode())
-            close = [self.listener.fileno(), self.selector.fileno(), ours.fileno(),
-                     *(fd for job in self.jobs.values() for fd in (job.pidfd, job.conn.fileno()))]
-            metrics_fd = self.metrics.listening_fd()
-            if metrics_fd is not None:
-                close.append(metrics_fd)
             started, wall = time.monotonic(), time.time()
             pid = os.fork()
             if pid == 0:
                 child.run(theirs, [null, log, os.dup(log)], entry.argv(), dict(os.environ),
-                          "/", 0o077, close)
+                          "/", 0o077, self.inherited(ours.fileno(), report), report_w)
+        except BaseException:
+            os.close(report)
+            raise
         finally:
-            for fd in (log, null):
+            for fd in (log, null, report_w):
                 os.close(fd)
             theirs.close()
         job = Job(pid, os.pidfd_open(pid), ours, command_of(entry.argv()), started,
-                  caller_gone=True, schedule=entry, wall_started=wall)
+                  caller_gone=True, schedule=entry, wall_started=wall, report=report)
         self.jobs[job.pidfd] = job
         self.rounds[entry.key] = job
         self.selector.register(job.pidfd, selectors.EVENT_READ, "child")
@@ -227,7 +239,9 @@ class Service:
     def reap(self, job: Job) -> None:
         _, wait_status = os.waitpid(job.pid, 0)
         status = exit_status(wait_status)
-        self.metrics.record(job.command, status, time.monotonic() - job.started)
+        report = read_report(job.report)
+        self.metrics.record(job.command, status, time.monotonic() - job.started, report)
+        os.close(job.report)
         self.selector.unregister(job.pidfd)
         os.close(job.pidfd)
         del self.jobs[job.pidfd]
@@ -241,7 +255,7 @@ class Service:
                     sys.stderr.write(f"torpord: schedules: {e}\n")
         if not job.caller_gone:
             self.selector.unregister(job.conn)
-            if os.WIFSIGNALED(wait_status):  # the child could not say it
+            if not report:   # the child could not say it: killed, or it exec'd (runc's answer)
                 try:
                     job.conn.sendall(handoff.encode({"exit": status}))
                 except OSError:
@@ -252,10 +266,22 @@ class Service:
 SCHEDULE_TICK_S = 1.0   # how often the book is read for rounds due
 
 
+def read_report(fd: int) -> bytes:
+    """What a reaped child wrote on its report pipe: its one line, or b"" (killed first; the
+    pipe is non-blocking, so a grandchild holding the write end open cannot stall the loop)."""
+    try:
+        return os.read(fd, tally.MAX_REPORT)
+    except BlockingIOError:
+        return b""
+
+
 def warm_up() -> None:
-    """Import every command once, so that each child starts with them loaded."""
-    for module, _ in LAZY_COMMANDS.values():
+    """Import every command once, torpor-runc's checkpoint and pyroute2's modules with it, so
+    that each child starts with them loaded."""
+    for module in (*(m for m, _ in LAZY_COMMANDS.values()), "torpor.shim.main",
+                   *child.RUNTIME_MODULES):
         importlib.import_module(module)
+    netns.preload()
     gc.collect()
     gc.freeze()  # what the imports made stays shared with the children (copy-on-write)
 
@@ -264,9 +290,31 @@ def _stop(_signum: int, _frame: object) -> None:
     raise Stop()
 
 
-def main() -> int:
+USAGE = """usage: torpord [--ping]
+
+Run torpor's node service on [service] socket (docs/service.md); with --ping, exit 0 when a
+torpord answers on that socket and 1 when none does (for installers and probes).
+"""
+
+
+def ping(cfg: config.Config) -> int:
+    sock = handoff.connect(cfg.service_socket) if cfg.service_socket else None
+    if sock is None:
+        sys.stderr.write(f"torpord: none answers on {cfg.service_socket or '(no socket)'}\n")
+        return 1
+    sock.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--ping"]):
+        sys.stderr.write(USAGE)
+        return 0 if args in (["-h"], ["--help"]) else 2
     try:
         cfg = config.load()
+        if args == ["--ping"]:
+            return ping(cfg)
         if not cfg.service_socket:
             raise ConfigError("[service] socket is empty: torpord needs a socket to listen on")
         warm_up()

@@ -12,6 +12,15 @@ This module is the fast path: it imports `os`, `sys`, `torpor.shim.lowlevel` and
 (`torpor.shim.argv`, stdlib only) and nothing else before the decision (each extra module costs
 about a millisecond on every container operation). Configuration and the error tree are
 imported only when they are needed.
+
+`checkpoint` goes to torpord when it answers (torpor.handoff, stdlib only: one connect to
+`[service] socket`): torpord's child runs this same main with this process's argv, environment,
+directory and fds 0-2, its imports (pyroute2's among them) already paid, and its exit status
+becomes this process's; its --log lines are written by that child, as they would be here. No
+torpord, a refusal or TORPOR_NO_SERVICE=1: it runs here. `restore` never goes there: runc
+restore's detached container init must be reparented to containerd's shim (a subreaper, which
+waits for it and reports its exit), and a child of torpord is not below the shim
+(docs/service.md).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ DISPATCH = {
     "checkpoint": "torpor.shim.checkpoint_cmd",
     "restore": "torpor.shim.restore_cmd",
 }
+SERVED = frozenset({"checkpoint"})   # what torpord runs when it answers (never restore)
 
 def _config_runtime() -> tuple[str, Config | None]:
     """runc's name or path from the config; no file means "runc", and plain files are read
@@ -80,7 +90,8 @@ class Context:
         return os.path.join(here, "torpor-hook")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, in_service: bool = False) -> int:
+    """torpor-runc; `in_service`: run by torpord's child, which never hands off again."""
     # run by the compiled front end: argv[0] is our script, the front end says where it is
     front_end = os.environ.pop("TORPOR_RUNC_PATH", None)
     if front_end and argv is None:
@@ -89,15 +100,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runtime_name, cfg = _config_runtime()
         runtime = lowlevel.resolve(runtime_name)
-        module_name = DISPATCH.get(subcommand(argv) or "")
+        command = subcommand(argv) or ""
+        module_name = DISPATCH.get(command)
         if module_name is None:
             lowlevel.exec_runtime(runtime, argv)
             return 0  # not reached
+        if command in SERVED and not in_service:
+            status = _in_service(argv)
+            if status is not None:
+                return status
         return _intercept(argv, module_name, runtime, cfg)
     except Exception as e:
         return _fail(argv, e)
     except KeyboardInterrupt:
         return _fail(argv, KeyboardInterrupt())
+
+
+def _in_service(argv: list[str]) -> int | None:
+    """The command's exit status from torpord, None where none answered (run it here)."""
+    from torpor import handoff
+
+    path = handoff.service_socket()
+    sock = handoff.connect(path) if path else None
+    return handoff.run_in_service(sock, "torpor-runc", argv) if sock is not None else None
 
 
 def _intercept(argv: list[str], module_name: str, runtime: str, cfg: Config | None) -> int:
