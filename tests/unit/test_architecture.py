@@ -25,7 +25,7 @@ ALLOWED = {
     "cli": GROUND | CAPABILITIES | {"ops"},
     # torpord runs the CLI's commands, the schedules, and torpor-runc's checkpoint (pyroute2
     # imported before it forks: capture.netns)
-    "service": GROUND | {"cli", "ops", "shim", "capture"},
+    "service": GROUND | {"cli", "ops", "shim", "capture", "lazy"},
     "shim": GROUND | {"capture", "gpu", "criu_images"},
     "oci_hooks": GROUND | {"capture"},
 }
