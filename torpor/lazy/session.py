@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from torpor.capture.freezer import Cgroup
 from torpor.errors import DeadlineExceeded, ImageError, RestoreError, TorporError
@@ -37,6 +38,7 @@ from torpor.image import reassemble
 from torpor.lazy import pagemap
 from torpor.lazy.chunks import ChunkSource, LocalPack, RemoteRange
 from torpor.lazy.guard import kill_cgroup
+from torpor.lazy.keep import PackKeeper
 from torpor.lazy.server import PageServer
 
 SOCKET = names.LAZY_PAGES_SOCKET  # where CRIU's restore finds the daemon (its work directory)
@@ -55,8 +57,12 @@ class LazyResult:
 
 
 class LazyMemory:
-    def __init__(self, local: LocalPack, remote: RemoteRange | None) -> None:
-        self._local, self._remote = local, remote
+    def __init__(self, local: LocalPack, remote: RemoteRange | None,
+                 keep_dir: str | None = None) -> None:
+        """`keep_dir`: where the packs fetched from the registry are kept (keep.py), so that
+        the restore can store the image once all of it is here."""
+        self._local, self._remote, self._keep_dir = local, remote, keep_dir
+        self.keeper: PackKeeper | None = None
         self.give_up_at = float("inf")   # set by the caller once it knows the deadline
         self.source: ChunkSource | None = None
         self.pagemaps: dict[int, pagemap.Pagemap] = {}
@@ -70,8 +76,11 @@ class LazyMemory:
     def rebuild(self, index: ChunkIndex, target: str,
                 limits: reassemble.RestoreLimits | None = None) -> None:
         """The chunk index's files under `target`, the lazy pages left out (holes)."""
+        if self._keep_dir is not None and self._remote is not None:
+            self.keeper = PackKeeper(self._keep_dir, index.packs)
         source = self.source = ChunkSource(index, self._local, self._remote,
-                                           lambda: self.give_up_at)
+                                           lambda: self.give_up_at,
+                                           self.keeper.add if self.keeper else None)
         pages = tuple(f for f in index.files if _PAGES.match(f.name.rsplit("/", 1)[-1]))
         others = tuple(f for f in index.files if f not in pages)
         reassemble.rebuild(replace(index, files=others), None, target, limits=limits,
@@ -93,6 +102,15 @@ class LazyMemory:
 
         reassemble.rebuild(replace(index, files=pages), None, target, limits=limits,
                            chunks=source.chunk_of, ranges=ranges)
+
+    def keep(self, layout: str) -> int:
+        """The packs this restore fetched (and the rest of them), whole and checked, into
+        `layout`; the bytes fetched for what no page asked for."""
+        assert self.keeper is not None and self._remote is not None
+        try:
+            return self.keeper.finish(self._remote, self._local, Path(layout))
+        finally:
+            self.keeper.close()
 
     def read(self, pages_file: str, offset: int, length: int) -> list[bytes | memoryview]:
         assert self.source is not None

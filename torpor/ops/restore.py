@@ -48,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torpor import criu_images, signing, tally
@@ -58,7 +59,7 @@ from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError
+from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError, TorporError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
@@ -257,7 +258,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
-                lazy = lazy_memory(source, image, options, cfg, store, plan.read_range)
+                lazy = lazy_memory(source, image, options, cfg, store, plan.read_range,
+                                   str(scratch / "kept"))
                 if lazy is not None:   # all but the packs, whose chunks come as they are asked
                     layers = [la for la in plan.layers if not unpack.is_pack(la.descriptor)]
                     progress.step(f"downloading {len(layers)} layers; the memory comes lazily")
@@ -309,13 +311,34 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             timings["unpack_s"] = time.monotonic() - t
             with _deadline(cfg, "reading the unpacked checkpoint"):
                 metadata = checkpoint_dir.load(directory, max_files=limits.max_files)
-            return _restore_directory(client, directory, metadata, approved, options, cfg,
-                                      progress, started, source, timings, moved,
-                                      rootfs_image=chain, lazy=lazy)
+            result = _restore_directory(client, directory, metadata, approved, options, cfg,
+                                        progress, started, source, timings, moved,
+                                        rootfs_image=chain, lazy=lazy)
+        if lazy is not None and lazy.keeper is not None and ref is not None:
+            keep_lazily_fetched(lazy, store, ref, layout, progress, timings)
+        return result
+
+
+def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, layout: str,
+                        progress: Progress, timings: dict[str, float]) -> None:
+    """The image a lazy restore fetched into this node's store, as a restore that downloads it
+    whole stores it: the next restore of it, or of its next generation, reads the packs here.
+    The workload already has all its memory, so a failure costs it nothing: it is said, and
+    the image is not stored."""
+    progress.step(f"storing {ref} on this node for the next restore")
+    t = time.monotonic()
+    try:
+        timings["kept_extra_bytes"] = lazy.keep(layout)
+        store.install(ref, Path(layout))
+    except (TorporError, OSError) as e:
+        progress.step(f"{ref} was restored but not stored on this node: {e}")
+        return
+    timings["keep_s"] = time.monotonic() - t
 
 
 def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOptions,
-                cfg: Config, store: Store, remote: RemoteRange | None) -> LazyMemory | None:
+                cfg: Config, store: Store, remote: RemoteRange | None,
+                keep_dir: str | None = None) -> LazyMemory | None:
     """The page source of a lazy restore (torpor.lazy), when one is asked for (--lazy, or
     `[restore] lazy`) and the image allows it; packs are read from this node's store where it
     holds them, else by range requests (`remote`). An image that cannot be restored lazily is
@@ -336,7 +359,7 @@ def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOpti
         found = store.find_blob(digest, size)
         return str(found) if found is not None else None
 
-    return LazyMemory(here, remote)
+    return LazyMemory(here, remote, keep_dir)
 
 
 def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
