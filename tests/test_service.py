@@ -345,6 +345,39 @@ def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
     assert torpor(node, "ls").returncode == 0
 
 
+def test_a_killed_service_leaves_a_restore_whole_or_nothing(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object],
+        tmp_path: Path) -> None:
+    """SIGKILL of torpord while a restore's child runs: the child finishes alone and reports
+    to the CLI; the restored container runs on from the checkpoint's count, or the restore
+    failed and left no container or task behind."""
+    node = service_node
+    name, restored = "svc-killed-r", "svc-killed-r2"
+    with containers(node) as names:
+        names += [name, restored]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        before = wait_counter_above(node, name, 5)
+        torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"))   # it stops the container
+        node.ctr("containers", "rm", name)
+        cli = subprocess.Popen([str(node.bin_dir / "torpor"), "restore", str(tmp_path / "ck"),
+                                "--name", restored], env=node.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        wait_for(torpord.children, timeout=30, interval=0.01, what="the restore's child")
+        time.sleep(0.3)  # into the restore: the image unpacked, the task being made
+        kill_pid(torpord.pid)
+        assert torpord.proc is not None
+        torpord.proc.wait(10)
+        out, err = cli.communicate(timeout=300)
+        listed = node.ctr("containers", "ls", "-q").stdout.split()
+        if cli.returncode == 0:
+            assert task_status(node, restored) == "RUNNING", (out, err)
+            assert read_counter(node, restored) >= before   # from the checkpoint, not zero
+        else:
+            assert restored not in listed, (out, err)
+    torpord.start()
+    assert torpor(node, "ls").returncode == 0
+
+
 @pytest.mark.parametrize("service", ["running", "stopped"])
 def test_torpor_runc_checkpoints_through_the_service_when_it_runs(
         service_node: Node, torpord: Torpord, test_image: dict[str, object], tmp_path: Path,
