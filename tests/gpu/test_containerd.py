@@ -806,7 +806,7 @@ def test_what_the_driver_cannot_checkpoint_is_refused_before_any_lock(
     assert {"mig": f"GPU 1 ({gpus.gpus[1]['uuid']}) has MIG enabled",
             "mps": f"pids {init} are clients of an MPS server",
             "uvm": "UVM managed memory (cudaMallocManaged), which CUDA checkpoints do not "
-                   f"support, in pid {init} (0.1 GiB mapped from /dev/nvidia-uvm)"}[what] \
+                   f"support, in pid {init} (64 MiB mapped from /dev/nvidia-uvm)"}[what] \
         in result.stderr, result.stderr
     assert not gpu_calls(gpus, before)
     assert_running(gpus, name, init, {token: init})

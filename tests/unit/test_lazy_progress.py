@@ -45,3 +45,25 @@ def test_torpord_exports_them_as_gauges(tmp_path: Path) -> None:
     [placed] = families["torpor_lazy_restore_placed_bytes"].samples
     assert total.labels == {"namespace": "default", "container": "web"}
     assert (total.value, placed.value) == (64 << 20, 16 << 20)
+
+
+def test_names_that_differ_keep_records_apart(tmp_path: Path) -> None:
+    progress.write(str(tmp_path), record("c", os.getpid(), namespace="a.b"))
+    progress.write(str(tmp_path), record("b.c", os.getpid(), namespace="a"))
+    progress.remove(str(tmp_path), "a", "b.c")
+    assert [(p.namespace, p.container) for p in progress.current(str(tmp_path))] == [("a.b", "c")]
+
+
+def test_a_reused_pid_is_no_match(tmp_path: Path) -> None:
+    stale = progress.LazyProgress("default", "old", "reg/x:1", 1, 0, 0, 0, 1.0, os.getpid(),
+                                  progress.start_time(os.getpid()) + 1)
+    progress.write(str(tmp_path), stale)
+    assert progress.current(str(tmp_path)) == []
+
+
+def test_a_temp_file_is_no_record(tmp_path: Path) -> None:
+    progress.write(str(tmp_path), record("web", os.getpid()))
+    directory = tmp_path / progress.DIR
+    [name] = os.listdir(directory)
+    (directory / f".{name}.torpor-1-2").write_text((directory / name).read_text())
+    assert len(progress.current(str(tmp_path))) == 1

@@ -296,16 +296,19 @@ def find_cuda_processes(worker: DriverWorker, pids: list[int]) -> list[int]:
 RUNTIME_UVM_WINDOW = 2 << 20  # every CUDA process maps one of these (seen on 580.159.04)
 
 
-def managed_memory(pid: int) -> int:
+def managed_memory(pid: int, gpus: int = 0) -> int:
     """Bytes of UVM managed memory (cudaMallocManaged) pid maps, as far as its mappings tell.
 
     Every CUDA process maps /dev/nvidia-uvm: the CUDA runtime's own 2 MiB window (PyTorch 2.11
-    and CuPy 14 on an H200, driver 580.159.04), which the driver checkpoints like any other.
-    A managed allocation adds a mapping of its own size (1 GiB of CuPy managed memory: one more
-    mapping of 1 GiB). Mappings of exactly the window's size are not counted, so a managed
-    allocation of 2 MiB goes unseen here; the driver then refuses the checkpoint itself
-    (CUDA_ERROR_NOT_SUPPORTED, the process left LOCKED), and torpor unlocks it."""
-    total = 0
+    and CuPy 14 on one H200, driver 580.159.04), which the driver checkpoints like any other.
+    A managed allocation adds a mapping of its own size (1 GiB of CuPy managed memory: one
+    more mapping of 1 GiB; 2 MiB of it: a second 2 MiB mapping). So every mapping of another
+    size counts, and so do windows beyond one per GPU the process sees (`gpus`; 0: unknown,
+    none counted): whether a process on several GPUs maps one window or one per GPU is not
+    known, and either way it is not taken for managed memory. What this misses the driver
+    refuses itself (CUDA_ERROR_NOT_SUPPORTED at checkpoint, the process left LOCKED on
+    580.159.04), and torpor unlocks it."""
+    total = windows = 0
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
@@ -313,11 +316,19 @@ def managed_memory(pid: int) -> int:
                 if len(fields) == 6 and fields[5].rstrip("\n").removesuffix(
                         " (deleted)").endswith("/nvidia-uvm"):
                     start, end = (int(x, 16) for x in fields[0].split("-"))
-                    if end - start != RUNTIME_UVM_WINDOW:
+                    if end - start == RUNTIME_UVM_WINDOW:
+                        windows += 1
+                    else:
                         total += end - start
     except (OSError, ValueError):
         return 0
+    if gpus > 0:
+        total += max(0, windows - gpus) * RUNTIME_UVM_WINDOW
     return total
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n < 1 << 30 else inventory.gib(n)
 
 
 def is_stopped(pid: int) -> bool:
@@ -350,10 +361,11 @@ def _unsupported(worker: DriverWorker, pids: list[int], recorded: GpuInventory |
     if mps:
         problems.append(f"pids {', '.join(map(str, mps))} are clients of an MPS server, which "
                         "CUDA checkpoints do not support")
-    managed = {pid: n for pid in pids if (n := managed_memory(pid))}
+    gpus = len(seen.gpus) if seen else 0
+    managed = {pid: n for pid in pids if (n := managed_memory(pid, gpus))}
     if managed:
         problems.append("UVM managed memory (cudaMallocManaged), which CUDA checkpoints do not "
-                        "support, in " + ", ".join(f"pid {pid} ({inventory.gib(n)} mapped from "
+                        "support, in " + ", ".join(f"pid {pid} ({_mib(n)} mapped from "
                                                    "/dev/nvidia-uvm)"
                                                    for pid, n in managed.items()))
     if recorded is not None:

@@ -32,6 +32,7 @@ from torpor.errors import ImageError
 
 VERSIONS = "versions"
 WRITERS = ".writers.lock"
+SCRATCH = "op-"   # an operation's scratch directory: op-<token>, locked while it lives
 SWITCH = ".switch.lock"
 
 
@@ -186,11 +187,21 @@ class Store:
 
     @contextmanager
     def scratch(self) -> Iterator[Path]:
-        path = self.scratch_dir(secrets.token_hex(8))
+        """A scratch directory for one operation, removed at its end. It is locked while the
+        operation lives, so that `sweep` removes what a killed one left (a lazy restore's kept
+        packs, a pull's layers: gigabytes) and nothing another still uses."""
+        token = secrets.token_hex(8)
+        new = self.scratch_dir(f".new-{token}")
+        fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)   # before it has a name sweep looks at
+            path = new.parent / f"{SCRATCH}{token}"
+            os.rename(new, path)
             yield path
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(new if new.exists() else new.parent / f"{SCRATCH}{token}",
+                          ignore_errors=True)
+            os.close(fd)
 
     def scratch_dir(self, name: str) -> Path:
         """A new scratch directory of that name (the caller removes it)."""
@@ -201,9 +212,23 @@ class Store:
         return path
 
     def sweep(self) -> list[str]:
-        """Remove versions that no entry's link names, and entries left without a layout
-        (both left by a crash mid-change); what was removed."""
+        """Remove versions that no entry's link names, entries left without a layout (both
+        left by a crash mid-change) and scratch directories no live operation holds; what was
+        removed."""
         removed = []
+        for path in sorted((self.root / "scratch").glob(f"{SCRATCH}*")):
+            try:
+                held = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue   # in use
+            finally:
+                os.close(held)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
         for entry in sorted((self.root / "images").glob("*")):
             with _locked(entry, WRITERS, fcntl.LOCK_EX | fcntl.LOCK_NB) as fd:
                 if fd is None:

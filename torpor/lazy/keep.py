@@ -29,19 +29,29 @@ GAP_BYTES = 8 << 20   # one range request at most, for the gaps
 class PackKeeper:
     def __init__(self, directory: str, packs: Sequence[PackRecord]) -> None:
         self.directory, self.packs = directory, packs
-        self._held: dict[int, list[tuple[int, int]]] = {}   # pack -> sorted (start, end)
-        self._fds: dict[int, int] = {}
+        self.failure: OSError | None = None   # keeping stopped: the restore goes on without
+        self._held: dict[int, list[tuple[int, int]]] = {}   # pack -> (start, end) written
+        self._sealed = False
         self._lock = threading.Lock()
         os.makedirs(directory, mode=0o700, exist_ok=True)
 
     def add(self, pack: int, offset: int, data: bytes | bytearray) -> None:
-        """A range of `pack` as the registry sent it (unverified: `finish` checks the whole)."""
+        """A range of `pack` as the registry sent it (unverified: `finish` checks the whole).
+        Called on the page-fault path: it never raises; a failure (no space, say) only ends
+        the keeping. A range that comes after `finish` began (a fetcher retrying late) is
+        dropped."""
         with self._lock:
-            fd = self._fds.get(pack)
-            if fd is None:
-                fd = self._fds[pack] = os.open(self._path(pack), os.O_RDWR | os.O_CREAT
-                                               | os.O_CLOEXEC, 0o600)
-            os.pwrite(fd, data, offset)
+            if self._sealed or self.failure is not None:
+                return
+            try:
+                fd = os.open(self._path(pack), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    os.pwrite(fd, data, offset)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                self.failure = e
+                return
             self._held.setdefault(pack, []).append((offset, offset + len(data)))
 
     def gaps(self, pack: int) -> list[tuple[int, int]]:
@@ -56,35 +66,33 @@ class PackKeeper:
         return gaps
 
     def finish(self, remote: RemoteRange, local: LocalPack, layout: Path) -> int:
-        """Every pack whole and checked in `layout`'s blobs; the bytes fetched for the gaps."""
+        """Every pack whole and checked in `layout`'s blobs; the bytes fetched for the gaps.
+        Nothing the page source fetches after this call begins is written."""
+        with self._lock:
+            self._sealed = True
+        if self.failure is not None:
+            raise self.failure
         fetched = 0
         for number, pack in enumerate(self.packs):
             algorithm, hex_part = split_digest(pack.digest)   # validated before it names a file
             target = layout / "blobs" / algorithm / hex_part
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             here = local(pack.digest, pack.size) if number not in self._held else None
             if here is not None:
                 _link(Path(here), target)
                 continue
-            for start, length in self.gaps(number):
-                for at in range(start, start + length, GAP_BYTES):
-                    piece = remote(pack.digest, at, min(GAP_BYTES, start + length - at))
-                    self.add(number, at, piece)
-                    fetched += len(piece)
-            with self._lock:
-                fd = self._fds.pop(number)
+            fd = os.open(self._path(number), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
+                for start, length in self.gaps(number):
+                    for at in range(start, start + length, GAP_BYTES):
+                        piece = remote(pack.digest, at, min(GAP_BYTES, start + length - at))
+                        os.pwrite(fd, piece, at)
+                        fetched += len(piece)
                 _check(fd, pack)
             finally:
                 os.close(fd)
             os.replace(self._path(number), target)
         return fetched
-
-    def close(self) -> None:
-        with self._lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
 
     def _path(self, pack: int) -> str:
         return os.path.join(self.directory, f"pack-{pack}")

@@ -30,6 +30,7 @@ class LazyProgress:
     local_bytes: int       # read from this node's packs so far
     started: float         # wall clock, when the workload began to run
     pid: int               # the restoring process: a record whose pid is gone is stale
+    pid_start: int = 0     # its start time (/proc/PID/stat), so that a reused pid is no match
 
     @property
     def fraction(self) -> float:
@@ -37,9 +38,9 @@ class LazyProgress:
 
 
 def _file(state_dir: str, namespace: str, container: str) -> str:
-    """One file per namespace and container; a name that is not plain becomes its digest,
-    so no name ever steps out of the directory."""
-    key = f"{namespace}.{container}"
+    """One file per namespace and container ('@' is in neither's alphabet); a name that is not
+    plain becomes its digest, so no name ever steps out of the directory."""
+    key = f"{namespace}@{container}"
     if not (_PLAIN.match(namespace) and _PLAIN.match(container)):
         key = hashlib.sha256(f"{namespace}\0{container}".encode()).hexdigest()
     return os.path.join(state_dir, DIR, f"{key}.json")
@@ -56,23 +57,24 @@ def remove(state_dir: str, namespace: str, container: str) -> None:
         os.unlink(_file(state_dir, namespace, container))
 
 
-def _alive(pid: int) -> bool:
+def start_time(pid: int) -> int:
+    """The process's start time in clock ticks after boot (0: no such process)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def current(state_dir: str) -> list[LazyProgress]:
-    """The lazy restores under way on this node, oldest first; stale records are removed."""
+    """The lazy restores under way on this node, oldest first; stale records are removed
+    (their process is gone, or its pid belongs to another process now)."""
     found = []
     directory = os.path.join(state_dir, DIR)
     try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
+        names = sorted(n for n in os.listdir(directory)
+                       if n.endswith(".json") and not n.startswith("."))   # not a temp file
+    except OSError:   # none yet, or another user's state dir: nothing to show
         return []
     for name in names:
         path = os.path.join(directory, name)
@@ -81,7 +83,8 @@ def current(state_dir: str) -> list[LazyProgress]:
                 progress = LazyProgress(**json.load(f))
         except (OSError, ValueError, TypeError):
             continue   # being replaced, or not ours
-        if _alive(progress.pid):
+        started = start_time(progress.pid)
+        if started and started == (progress.pid_start or started):
             found.append(progress)
         else:
             with contextlib.suppress(OSError):

@@ -107,10 +107,7 @@ class LazyMemory:
         """The packs this restore fetched (and the rest of them), whole and checked, into
         `layout`; the bytes fetched for what no page asked for."""
         assert self.keeper is not None and self._remote is not None
-        try:
-            return self.keeper.finish(self._remote, self._local, Path(layout))
-        finally:
-            self.keeper.close()
+        return self.keeper.finish(self._remote, self._local, Path(layout))
 
     def read(self, pages_file: str, offset: int, length: int) -> list[bytes | memoryview]:
         assert self.source is not None

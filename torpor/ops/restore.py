@@ -47,7 +47,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2, tasks_pb2
 from torpor.containerd.client import Client
-from torpor.errors import AlreadyExists, ContainerdError, NotFound, RestoreError, TorporError
+from torpor.errors import AlreadyExists, ContainerdError, ImageError, NotFound, RestoreError
 from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, RuntimeInfo
@@ -315,25 +315,45 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                         progress, started, source, timings, moved,
                                         rootfs_image=chain, lazy=lazy)
         if lazy is not None and lazy.keeper is not None and ref is not None:
-            keep_lazily_fetched(lazy, store, ref, layout, progress, timings)
+            extra = keep_lazily_fetched(lazy, store, ref, image, layout, progress, timings)
+            result = replace(result, downloaded_bytes=result.downloaded_bytes + extra)
         return result
 
 
-def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, layout: str,
-                        progress: Progress, timings: dict[str, float]) -> None:
+def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.CheckpointImage,
+                        layout: str, progress: Progress, timings: dict[str, float]) -> int:
     """The image a lazy restore fetched into this node's store, as a restore that downloads it
     whole stores it: the next restore of it, or of its next generation, reads the packs here.
-    The workload already has all its memory, so a failure costs it nothing: it is said, and
-    the image is not stored."""
+    The workload already has all its memory, so nothing here may fail the restore: a failure,
+    an interrupt, an image missing a blob or a newer copy of `ref` already stored is said,
+    and the image is not stored. The bytes fetched for it (beyond what the pages asked)."""
     progress.step(f"storing {ref} on this node for the next restore")
-    t = time.monotonic()
+    t, extra = time.monotonic(), 0
     try:
-        timings["kept_extra_bytes"] = lazy.keep(layout)
+        extra = lazy.keep(layout)
+        timings["kept_extra_bytes"] = extra
+        missing = [d.digest for d in (*image.state_layers, *image.runnable_blobs)
+                   if not _blob_here(layout, d.digest, d.size)]
+        if missing:
+            raise ImageError(f"blobs {', '.join(missing)} are not in the image's layout")
+        stored = next((e.digest for e in store.entries() if e.ref == ref), None)
+        if stored not in (None, image.index.digest):
+            raise ImageError(f"this node's store already holds another {ref} ({stored})")
         store.install(ref, Path(layout))
-    except (TorporError, OSError) as e:
-        progress.step(f"{ref} was restored but not stored on this node: {e}")
-        return
+    except BaseException as e:   # the restore is done: even an interrupt only skips this
+        progress.step(f"{ref} was restored but not stored on this node: "
+                      f"{e or type(e).__name__}")
+        return extra
     timings["keep_s"] = time.monotonic() - t
+    return extra
+
+
+def _blob_here(layout: str, digest: str, size: int) -> bool:
+    algorithm, hex_part = digest.split(":", 1)
+    try:
+        return os.path.getsize(os.path.join(layout, "blobs", algorithm, hex_part)) == size
+    except OSError:
+        return False
 
 
 def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOptions,
@@ -496,13 +516,13 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
 def _tracker(cfg: Config, namespace: str, name: str, source: str,
              lazy_bytes: int) -> Callable[[int, int, int], None]:
     """What `torpor ls` and torpord show of this lazy restore (torpor.lazy.progress)."""
-    started = time.time()
+    started, me = time.time(), lazy_progress.start_time(os.getpid())
 
     def track(placed: int, remote: int, local: int) -> None:
         with contextlib.suppress(OSError):
             lazy_progress.write(cfg.runtime_state_dir, lazy_progress.LazyProgress(
                 namespace, name, source, lazy_bytes, placed, remote, local, started,
-                os.getpid()))
+                os.getpid(), me))
 
     track(0, 0, 0)
     return track
