@@ -92,6 +92,17 @@ class ManagedProcess:
         return self.proc.stdout.readline().strip() == "ok"
 
 
+def uvm_mappings(pid: int) -> list[int]:
+    """The sizes of pid's mappings of /dev/nvidia-uvm."""
+    sizes = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            if line.rstrip().endswith("/nvidia-uvm"):
+                start, end = (int(x, 16) for x in line.split()[0].split("-"))
+                sizes.append(end - start)
+    return sizes
+
+
 def suspend(cfg: Config, cgroup: Cgroup, undo: contextlib.ExitStack) -> tuple[Any, str]:
     try:
         state = session.suspend_for_checkpoint(cfg, cgroup, undo, Printed(), leave_running=True)
@@ -123,6 +134,8 @@ def plain(args: Any, cfg: Config, driver: cuda.CudaDriver) -> dict[str, Any]:
         ok = (not error and recorded == [workload.pid] and checkpointed and running and before
               and after and steps[1] > steps[0])
         return {"case": "plain", "ok": ok, "error": error, "recorded_pids": recorded,
+                "managed_memory_seen": session.managed_memory(workload.pid, 1),
+                "uvm_mappings": uvm_mappings(workload.pid),
                 "checkpointed": checkpointed, "suspend_s": suspended_s, "resume_s": resumed_s,
                 "running_after": running, "memory_whole": after, "computing": list(steps),
                 "inventory": [f"{g.name} {g.uuid}" for g in state.inventory.gpus]
@@ -138,13 +151,14 @@ def managed(args: Any, cfg: Config, driver: cuda.CudaDriver, case: str,
     cgroup = new_cgroup(f"torpor-gpu-check-{case}-{os.getpid()}")
     proc = ManagedProcess(args.python, nbytes, cgroup)
     try:
-        seen = session.managed_memory(proc.proc.pid)
+        seen = session.managed_memory(proc.proc.pid, 1)
         with contextlib.ExitStack() as undo:
             state, error = suspend(cfg, cgroup, undo)
         running = driver.state(proc.proc.pid) == ProcessState.RUNNING
         whole = proc.whole()
         ok = state is None and any(e in error for e in expected) and running and whole
-        return {"case": case, "ok": ok, "managed_memory_seen": seen, "error": error,
+        return {"case": case, "ok": ok, "managed_memory_seen": seen,
+                "uvm_mappings": uvm_mappings(proc.proc.pid), "error": error,
                 "running_after": running, "memory_whole": whole}
     finally:
         proc.proc.kill()
