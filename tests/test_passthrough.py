@@ -234,4 +234,5 @@ def test_launcher_uses_this_interpreter(torpor_bin: Path) -> None:
 def test_fast_config_read(text: str, expected: str | None) -> None:
     from torpor.config import fast_runtime_path
 
-    assert fast_runtime_path(text) == expected
+    fast = fast_runtime_path(text)
+    assert (fast[0] if fast else None) == expected

@@ -1,0 +1,198 @@
+"""Restore on create: `ctr run` of a checkpoint image under the torpor runtime restores it where
+the node's `[restore] on_create` allows it, on every containerd version (1.6, 2.1 and 2.4 with
+`--containerd`), with real components. Node A runs a counter, checkpoints it and pushes it to a
+real registry, signed and unsigned; node B pulls the image with ctr and runs it with ctr, as a
+user would, under each policy: "signed" restores the signed image (the counter goes on from
+where it was), "off" starts it cold (the counter starts again, torpor does nothing: no request
+for the state, no work directory), "signed" refuses the unsigned image in words and leaves
+nothing (no task, no runc state, no CRIU images), and the cold-start annotation starts it cold.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Nodes
+from .support.containerd import Node
+from .support.registry import Registry
+from .support.workload import COUNTER, read_counter, remove, task_status, wait_counter_above
+
+pytestmark = pytest.mark.real
+SHIM = ["--runtime", "io.containerd.torpor.v2"]
+COUNTED = 100   # the counter (20 a second) is past this when checkpointed; a new one is not
+
+
+def torpor(node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(node.bin_dir / "torpor"), *args], capture_output=True,
+                            text=True, env=node.env, timeout=300)
+    if check:
+        assert result.returncode == 0, f"torpor {' '.join(args)}: {result.stdout}{result.stderr}"
+    return result
+
+
+class OnCreateNodes:
+    """Node A (checkpoints and pushes) and node B (pulls and runs with ctr), whose `[restore]`
+    each test sets."""
+
+    def __init__(self, nodes: Nodes, base: Path, containerd: str, runc: str) -> None:
+        self.base = base
+        made = []
+        for name in ("a", "b"):
+            node_name = f"oc-{name}-{containerd}-{runc}"
+            self.write(base / f"{node_name}.toml", node_name)
+            made.append(nodes.start(node_name, config=base / f"{node_name}.toml",
+                                    containerd=containerd, runc=runc))
+        self.a, self.b = made
+
+    def state_dir(self, node: Node) -> Path:
+        return self.base / f"{node.name}-state"
+
+    def store(self, node: Node) -> Path:
+        return self.base / f"{node.name}-store"
+
+    def write(self, path: Path, name: str, restore: str = "", runtime: str = "") -> None:
+        path.write_text(f'[runtime]\n{runtime}state_dir = "{self.base}/{name}-state"\n'
+                        f'log_dir = "{self.base}/{name}-logs"\n'
+                        f'[image]\nstore = "{self.base}/{name}-store"\n[restore]\n{restore}')
+
+    def policy(self, on_create: str, signatures: str = "if-present",
+               trusted: Path | None = None) -> None:
+        """B's `[restore]`; the node's own config file (runc's path kept where it has one)."""
+        keys = f'"{trusted}"' if trusted else ""
+        runtime = f'path = "{self.b.runc}"\n' if self.b.runc is not None else ""
+        self.write(self.b.torpor_config, self.b.name,
+                   f'on_create = "{on_create}"\nsignatures = "{signatures}"\n'
+                   f"trusted_keys = [{keys}]\n", runtime)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("oc-keys")
+    for argv in (["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                  "-out", str(directory / "signer.pem")],
+                 ["pkey", "-in", str(directory / "signer.pem"), "-pubout",
+                  "-out", str(directory / "signer.pub")]):
+        subprocess.run(["openssl", *argv], check=True, capture_output=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def registry(session_dir: Path, containerd_version: str, runc_version: str) -> Iterator[Registry]:
+    started = Registry(session_dir, f"oc-registry-{containerd_version}-{runc_version}").start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(nodes: Nodes, session_dir: Path, containerd_version: str,
+         runc_version: str) -> OnCreateNodes:
+    return OnCreateNodes(nodes, session_dir, containerd_version, runc_version)
+
+
+@pytest.fixture(scope="module")
+def images(pair: OnCreateNodes, registry: Registry, keys: Path,
+           test_image: dict[str, object]) -> dict[str, Any]:
+    """A counter checkpointed on A (left running) and pushed signed, and again unsigned."""
+    a = pair.a
+    refs = {"signed": f"{registry.host}/oc/counter:signed",
+            "unsigned": f"{registry.host}/oc/counter:unsigned"}
+    a.ctr("run", "-d", *SHIM, str(test_image["name"]), "oc-src", "sh", "-c", COUNTER)
+    try:
+        wait_counter_above(a, "oc-src", COUNTED, timeout=30)
+        torpor(a, "checkpoint", "oc-src", "-t", refs["signed"], "--push", "--leave-running",
+               "--sign", str(keys / "signer.pem"))
+        torpor(a, "checkpoint", "oc-src", "-t", refs["unsigned"], "--push", "--leave-running")
+    finally:
+        remove(a, "oc-src")
+    for ref in refs.values():
+        pair.b.ctr("images", "pull", "--plain-http", ref)
+    return {"refs": refs}
+
+
+def run_counter(b: Node, ref: str, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return b.ctr("run", "-d", *SHIM, *extra, ref, name, "sh", "-c", COUNTER, check=False)
+
+
+def counts_again(b: Node, name: str) -> bool:
+    """A new shell counting from 1 (the file holds the checkpoint's count until its first
+    write, 50 ms in)."""
+    time.sleep(0.5)
+    return 0 < read_counter(b, name) < COUNTED
+
+
+def nothing_left(pair: OnCreateNodes, name: str) -> None:
+    b = pair.b
+    assert task_status(b, name) == "NONE"
+    assert not Path(f"/run/containerd/runc/{b.namespace}/{name}").exists()
+    assert not list((pair.state_dir(b) / "on-create").glob("*"))
+
+
+def test_a_signed_checkpoint_restores_when_ctr_runs_it(
+        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+    b = pair.b
+    pair.policy("signed", trusted=keys / "signer.pub")
+    try:
+        created = run_counter(b, images["refs"]["signed"], "oc-restored")
+        assert created.returncode == 0, created.stderr
+        assert task_status(b, "oc-restored") == "RUNNING"
+        # the counter goes on from the checkpoint's value: the processes came back
+        first = read_counter(b, "oc-restored")
+        assert first > COUNTED, first
+        assert wait_counter_above(b, "oc-restored", first) > first
+        assert not list((pair.state_dir(b) / "on-create").glob("*"))   # CRIU's images gone
+        # it stops, and is deleted, as any container
+        b.ctr("tasks", "kill", "-s", "SIGKILL", "oc-restored")
+    finally:
+        remove(b, "oc-restored")
+    assert not Path(f"/run/containerd/runc/{b.namespace}/oc-restored").exists()
+
+
+def test_off_starts_it_cold_and_torpor_does_nothing(
+        pair: OnCreateNodes, registry: Registry, images: dict[str, Any]) -> None:
+    b = pair.b
+    pair.policy("off")
+    mark = registry.log_mark()
+    try:
+        created = run_counter(b, images["refs"]["signed"], "oc-off")
+        assert created.returncode == 0, created.stderr
+        assert counts_again(b, "oc-off")
+    finally:
+        remove(b, "oc-off")
+    assert registry.requests_since(mark) == []   # no index, no signature, no state
+    assert not list((pair.state_dir(b) / "on-create").glob("*"))
+
+
+def test_an_unsigned_checkpoint_is_refused_in_words_and_leaves_nothing(
+        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+    b = pair.b
+    pair.policy("signed", trusted=keys / "signer.pub")
+    try:
+        refused = run_counter(b, images["refs"]["unsigned"], "oc-unsigned")
+        assert refused.returncode != 0
+        assert "is not signed" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+        nothing_left(pair, "oc-unsigned")
+    finally:
+        remove(b, "oc-unsigned")
+    assert "oc-unsigned" not in b.ctr("containers", "ls", "-q").stdout.split()
+    assert "oc-unsigned" not in b.ctr("snapshots", "ls").stdout
+
+
+def test_the_cold_start_annotation_starts_it_cold(
+        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+    b = pair.b
+    pair.policy("signed", trusted=keys / "signer.pub")
+    try:
+        created = run_counter(b, images["refs"]["signed"], "oc-cold",
+                              "--annotation", "io.torpor.restore.cold-start=true")
+        assert created.returncode == 0, created.stderr
+        assert counts_again(b, "oc-cold")
+    finally:
+        remove(b, "oc-cold")
+    nothing_left(pair, "oc-cold")
