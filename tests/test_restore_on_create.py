@@ -175,7 +175,9 @@ def test_an_unsigned_checkpoint_is_refused_in_words_and_leaves_nothing(
     try:
         refused = run_counter(b, images["refs"]["unsigned"], "oc-unsigned")
         assert refused.returncode != 0
-        assert "is not signed" in refused.stderr, refused.stderr
+        assert "is not signed, and this node's [restore] on_create is \"signed\"" in \
+            refused.stderr, refused.stderr
+        assert "io.torpor.restore.cold-start=true" in refused.stderr   # what to do
         assert "Traceback" not in refused.stderr
         nothing_left(pair, "oc-unsigned")
     finally:

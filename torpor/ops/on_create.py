@@ -19,7 +19,6 @@ is code and kernel state, so the node reads it only where it can check its signa
 
 from __future__ import annotations
 
-import copy
 import os
 from dataclasses import dataclass
 
@@ -92,26 +91,17 @@ def _source_of(client: Client, container_id: str) -> CheckpointSource:
     return CheckpointSource(container.image, image.target.digest)
 
 
-def node_policy(cfg: Config) -> Config:
-    """The configuration the restore runs under: "signed" requires signatures."""
-    if mode(cfg) != "signed":
-        return cfg
-    strict = copy.copy(cfg)
-    strict.restore_signatures = "required"
-    return strict
-
-
 def fetch_checkpoint(cfg: Config, source: CheckpointSource, directory: str,
                      runc: str) -> tuple[CheckpointMetadata, signing.SignatureCheck]:
     """Steps 2 to 5: the checkpoint unpacked into `directory` (which must not exist)."""
-    cfg = node_policy(cfg)
+    required_by = '[restore] on_create is "signed"' if mode(cfg) == "signed" else ""
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
     ref = source.pinned
     signed: list[signing.SignatureCheck] = []
     with store.scratch() as scratch, \
             fetch_metadata(ref, registry_options(cfg, ref, RegistryAccess()),
-                           signing.checker(cfg, source.name, signed)) as plan:
+                           signing.checker(cfg, source.name, signed, required_by)) as plan:
         image = image_of_plan(plan, limits)
         compat.check(image.metadata, cfg, this_node(runc))
         unpack.check_keys(image, ())

@@ -71,7 +71,9 @@ def run(ctx: Context) -> int:
     from torpor.shim.main import Context as ShimContext
 
     namespace = os.path.basename(os.path.dirname(bundle))   # containerd: .../<namespace>/<id>
-    work = os.path.join(ctx.cfg.runtime_state_dir, "on-create",
+    from torpor.capture.restore_policy import ON_CREATE_DIR
+
+    work = os.path.join(ctx.cfg.runtime_state_dir, ON_CREATE_DIR,
                         f"{namespace}-{container_id}-{secrets.token_hex(8)}")
     os.makedirs(work, mode=0o700)
     try:
