@@ -13,15 +13,21 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import Nodes
+from torpor.image.store import Store
+
+from .conftest import Nodes, run_torpor
+from .support import cri, ecosystem
 from .support.containerd import Node
 from .support.registry import Registry
 from .support.workload import COUNTER, read_counter, remove, task_status, wait_counter_above
+from .support.world import World
+from .test_kubernetes import free_subnets
 
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
@@ -142,10 +148,12 @@ def test_a_signed_checkpoint_restores_when_ctr_runs_it(
         assert created.returncode == 0, created.stderr
         assert task_status(b, "oc-restored") == "RUNNING"
         # the counter goes on from the checkpoint's value: the processes came back
+        time.sleep(0.5)   # a new counter would be at 10 by now, from 1
         first = read_counter(b, "oc-restored")
         assert first > COUNTED, first
         assert wait_counter_above(b, "oc-restored", first) > first
         assert not list((pair.state_dir(b) / "on-create").glob("*"))   # CRIU's images gone
+        assert Store(str(pair.store(b))).has(images["refs"]["signed"])   # torpor fetched it
         # it stops, and is deleted, as any container
         b.ctr("tasks", "kill", "-s", "SIGKILL", "oc-restored")
     finally:
@@ -198,3 +206,83 @@ def test_the_cold_start_annotation_starts_it_cold(
     finally:
         remove(b, "oc-cold")
     nothing_left(pair, "oc-cold")
+
+
+# Kubernetes: kubelet's CreateContainer and StartContainer (crictl's), a pod of runtime class
+# torpor whose image is a torpor checkpoint image, on containerd 2.x's CRI (2.4: where
+# containerd itself no longer restores through CreateContainer)
+
+@dataclass
+class CriPair:
+    a: cri.CriNode
+    b: cri.CriNode
+    registry: Registry
+    refs: dict[str, str]
+    work: Path
+
+
+@pytest.fixture(scope="module")
+def cri_pair(world: World, keys: Path, containerd_version: str,
+             runc_version: str) -> Iterator[CriPair]:
+    if containerd_version == "1.6":
+        pytest.skip("the tests' CRI nodes are containerd 2.x (tests/support/cri.py); run with "
+                    "--containerd 2 or --containerd 2.4")
+    base = world.base / f"oc-cri-{containerd_version}-{runc_version}"
+    base.mkdir()
+    registry = Registry(base, "registry").start()
+    started: list[cri.CriNode] = []
+    try:
+        refs = cri.publish_images(base, registry, world.image_layout)
+        for name, subnet in zip(("oca", "ocb"), free_subnets(2), strict=True):
+            config = base / f"{name}.toml"
+            policy = (f'on_create = "signed"\ntrusted_keys = ["{keys / "signer.pub"}"]\n'
+                      if name == "ocb" else "")
+            config.write_text(f'[runtime]\nstate_dir = "{base}/{name}-state"\n'
+                              f'log_dir = "{base}/{name}-logs"\n[image]\n'
+                              f'store = "{base}/{name}-store"\n[restore]\n{policy}')
+            node = cri.CriNode(base / "nodes", name, world.bin, config,
+                               sandbox_image=refs["sandbox"], subnet=subnet,
+                               containerd_bin=ecosystem.containerd_bin(containerd_version),
+                               runc=ecosystem.runc_path(runc_version))
+            started.append(node)
+            node.start()
+            cri.Crictl(node)("pull", refs["workload"])
+        work = base / "work"
+        work.mkdir()
+        yield CriPair(started[0], started[1], registry, refs, work)
+    finally:
+        for node in reversed(started):
+            node.stop()
+        registry.stop()
+
+
+def test_a_pod_of_runtime_class_torpor_restores_a_checkpoint_image(
+        cri_pair: CriPair, keys: Path) -> None:
+    a, b = cri.Crictl(cri_pair.a), cri.Crictl(cri_pair.b)
+    pod = a.run_pod(cri_pair.work, "oc-src", "torpor")
+    container = a.create(pod, cri_pair.work, "oc-src", cri_pair.refs["workload"],
+                         ["sh", "-c", COUNTER])
+    a("start", container)
+    ref = f"{cri_pair.registry.host}/oc/pod-counter:1"
+    try:
+        a.wait_counter_above(container, COUNTED, timeout=30)
+        run_torpor(cri_pair.a, "--namespace", "k8s.io", "checkpoint", container, "-t", ref,
+                   "--push", "--leave-running", "--insecure", "--sign", str(keys / "signer.pem"))
+    finally:
+        a("stopp", pod, check=False)
+        a("rmp", "-f", pod, check=False)
+    # what kubelet does for a pod whose image is the checkpoint image: pull, create, start
+    b("pull", ref)
+    pod = b.run_pod(cri_pair.work, "oc-restored", "torpor")
+    try:
+        restored = b.create(pod, cri_pair.work, "oc-restored", ref, ["sh", "-c", COUNTER])
+        b("start", restored)
+        assert b.state(restored) == "CONTAINER_RUNNING"
+        time.sleep(0.5)   # a new counter would be at 10 by now, from 1
+        first = b.read_counter(restored)
+        assert first > COUNTED, f"the counter started again: {first}"
+        assert b.wait_counter_above(restored, first) > first
+        assert Store(str(cri_pair.work.parent / "ocb-store")).has(ref)   # torpor fetched it
+    finally:
+        b("stopp", pod, check=False)
+        b("rmp", "-f", pod, check=False)
