@@ -10,6 +10,7 @@ nothing (no task, no runc state, no CRIU images), and the cold-start annotation 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -283,6 +284,19 @@ def test_a_pod_of_runtime_class_torpor_restores_a_checkpoint_image(
         assert first > COUNTED, f"the counter started again: {first}"
         assert b.wait_counter_above(restored, first) > first
         assert Store(str(cri_pair.work.parent / "ocb-store")).has(ref)   # torpor fetched it
+    finally:
+        b("stopp", pod, check=False)
+        b("rmp", "-f", pod, check=False)
+    # a pod that asks to start cold (the runtime class passes io.torpor.* pod annotations on)
+    config = cri.pod_config("oc-cold", cri_pair.work / "oc-cold-logs")
+    config["annotations"] = {"io.torpor.restore.cold-start": "true"}
+    (cri_pair.work / "oc-cold-pod.json").write_text(json.dumps(config))
+    pod = b("runp", "--runtime", "torpor", str(cri_pair.work / "oc-cold-pod.json"))
+    try:
+        cold = b.create(pod, cri_pair.work, "oc-cold", ref, ["sh", "-c", COUNTER])
+        b("start", cold)
+        time.sleep(0.5)
+        assert 0 < b.read_counter(cold) < COUNTED
     finally:
         b("stopp", pod, check=False)
         b("rmp", "-f", pod, check=False)
