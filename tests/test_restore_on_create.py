@@ -23,7 +23,7 @@ import pytest
 from torpor.image.store import Store
 
 from .conftest import Nodes, run_torpor
-from .support import cri, ecosystem
+from .support import cri
 from .support.containerd import Node
 from .support.registry import Registry
 from .support.workload import COUNTER, read_counter, remove, task_status, wait_counter_above
@@ -33,14 +33,6 @@ from .test_kubernetes import free_subnets
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 COUNTED = 100   # the counter (20 a second) is past this when checkpointed; a new one is not
-
-
-def torpor(node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(node.bin_dir / "torpor"), *args], capture_output=True,
-                            text=True, env=node.env, timeout=300)
-    if check:
-        assert result.returncode == 0, f"torpor {' '.join(args)}: {result.stdout}{result.stderr}"
-    return result
 
 
 class OnCreateNodes:
@@ -112,9 +104,9 @@ def images(pair: OnCreateNodes, registry: Registry, keys: Path,
     a.ctr("run", "-d", *SHIM, str(test_image["name"]), "oc-src", "sh", "-c", COUNTER)
     try:
         wait_counter_above(a, "oc-src", COUNTED, timeout=30)
-        torpor(a, "checkpoint", "oc-src", "-t", refs["signed"], "--push", "--leave-running",
+        run_torpor(a, "checkpoint", "oc-src", "-t", refs["signed"], "--push", "--leave-running",
                "--sign", str(keys / "signer.pem"))
-        torpor(a, "checkpoint", "oc-src", "-t", refs["unsigned"], "--push", "--leave-running")
+        run_torpor(a, "checkpoint", "oc-src", "-t", refs["unsigned"], "--push", "--leave-running")
     finally:
         remove(a, "oc-src")
     for ref in refs.values():
@@ -241,13 +233,8 @@ def cri_pair(world: World, keys: Path, containerd_version: str,
             config.write_text(f'[runtime]\nstate_dir = "{base}/{name}-state"\n'
                               f'log_dir = "{base}/{name}-logs"\n[image]\n'
                               f'store = "{base}/{name}-store"\n[restore]\n{policy}')
-            node = cri.CriNode(base / "nodes", name, world.bin, config,
-                               sandbox_image=refs["sandbox"], subnet=subnet,
-                               containerd_bin=ecosystem.containerd_bin(containerd_version),
-                               runc=ecosystem.runc_path(runc_version))
-            started.append(node)
-            node.start()
-            cri.Crictl(node)("pull", refs["workload"])
+            cri.start_node(base, name, world.bin, config, refs, subnet, containerd_version,
+                           runc_version, started)
         work = base / "work"
         work.mkdir()
         yield CriPair(started[0], started[1], registry, refs, work)
