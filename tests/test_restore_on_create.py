@@ -130,6 +130,9 @@ def nothing_left(pair: OnCreateNodes, name: str) -> None:
     assert task_status(b, name) == "NONE"
     assert not Path(f"/run/containerd/runc/{b.namespace}/{name}").exists()
     assert not list((pair.state_dir(b) / "on-create").glob("*"))
+    assert str(pair.state_dir(b)) not in Path("/proc/self/mountinfo").read_text()
+    cgroups = Path("/sys/fs/cgroup")
+    assert not [*cgroups.glob(f"*/{b.namespace}/{name}"), *cgroups.glob(f"{b.namespace}/{name}")]
 
 
 def test_a_signed_checkpoint_restores_when_ctr_runs_it(
@@ -287,3 +290,26 @@ def test_a_pod_of_runtime_class_torpor_restores_a_checkpoint_image(
     finally:
         b("stopp", pod, check=False)
         b("rmp", "-f", pod, check=False)
+
+
+def test_a_restore_that_fails_says_why_in_runcs_words_and_leaves_nothing(
+        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+    """A memory limit the checkpointed counter does not fit in: CRIU is killed while it
+    restores, runc says so, and the create fails with that, CRIU's log kept."""
+    b = pair.b
+    pair.policy("signed", trusted=keys / "signer.pub")
+    try:
+        failed = run_counter(b, images["refs"]["signed"], "oc-failed",
+                             "--memory-limit", str(2 << 20))
+        assert failed.returncode != 0
+        said = failed.stderr
+        # runc's own words after torpor's (here: CRIU, killed, closed its socket on runc)
+        assert "OCI runtime create failed: torpor: runc restore failed (exit 1): " in said, said
+        assert said.split("(exit 1): ")[1].split(" (CRIU's log")[0].strip()
+        assert "Traceback" not in said
+        kept = Path(said.split("CRIU's log: ")[1].split(")")[0])
+        assert kept.parent == pair.base / f"{b.name}-logs"
+        assert ") Version: " in kept.read_text()[:1000]   # CRIU's own log
+        nothing_left(pair, "oc-failed")
+    finally:
+        remove(b, "oc-failed")

@@ -92,6 +92,10 @@ def run(ctx: Context) -> int:
             if kept:
                 e.hint = f"CRIU's log: {kept}"
             raise
+        finally:   # a CRIU killed mid-restore leaves its cgroup yards mounted there
+            from torpor.capture import deadlines
+
+            deadlines.remove_criu_yards(os.path.join(work, "criu-work"))
         if code != 0:
             return code
         mark(inv, container_id)
