@@ -139,7 +139,7 @@ def nothing_left(pair: OnCreateNodes, name: str) -> None:
 
 
 def test_a_signed_checkpoint_restores_when_ctr_runs_it(
-        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+        pair: OnCreateNodes, registry: Registry, images: dict[str, Any], keys: Path) -> None:
     b = pair.b
     pair.policy("signed", trusted=keys / "signer.pub")
     try:
@@ -153,6 +153,14 @@ def test_a_signed_checkpoint_restores_when_ctr_runs_it(
         assert wait_counter_above(b, "oc-restored", first) > first
         assert not list((pair.state_dir(b) / "on-create").glob("*"))   # CRIU's images gone
         assert Store(str(pair.store(b))).has(images["refs"]["signed"])   # torpor fetched it
+        # checkpointed again, as any restored container: its image is marked once
+        again = f"{registry.host}/oc/counter:again"
+        run_torpor(b, "checkpoint", "oc-restored", "-t", again, "--push", "--leave-running")
+        config = json.loads(subprocess.run(
+            ["skopeo", "inspect", "--config", "--tls-verify=false", f"docker://{again}"],
+            capture_output=True, text=True, check=True).stdout)
+        assert [e for e in config["config"]["Env"] if e.startswith("TORPOR_CHECKPOINT=")] == \
+            ["TORPOR_CHECKPOINT=torpor.checkpoint.v1"]
         # it stops, and is deleted, as any container
         b.ctr("tasks", "kill", "-s", "SIGKILL", "oc-restored")
     finally:

@@ -71,3 +71,17 @@ def test_the_fast_checks_and_the_front_end_use_torpors_names() -> None:
     assert defined == {"SPEC_MARK": '"\\"TORPOR_CHECKPOINT="',
                        "RESTORED_MARK": '"torpor-restored-on-create"', "RUNC_ROOT": '"/run/runc"'}
     assert on_create_check.RUNC_ROOT == "/run/runc"
+
+
+def test_containerd_is_found_where_it_tells_its_shims() -> None:
+    import pytest
+
+    from torpor.errors import RestoreError
+    from torpor.ops.on_create import containerd_address
+
+    assert containerd_address({"GRPC_ADDRESS": "/run/c.sock",
+                               "TTRPC_ADDRESS": "/run/x.sock.ttrpc"}) == "/run/c.sock"
+    assert containerd_address({"TTRPC_ADDRESS": "/run/containerd/containerd.sock.ttrpc"}) == \
+        "/run/containerd/containerd.sock"
+    with pytest.raises(RestoreError, match="works under containerd only"):
+        containerd_address({})

@@ -4,8 +4,8 @@ torpor-runc `create` calls this where `[restore] on_create` is on and the contai
 the runnable image's mark (names.CHECKPOINT_ENV). Steps, in order, before anything large is
 downloaded, and nothing left behind when one fails:
  1. which image: the container's image in containerd (its name, and the index digest containerd
-    pulled), from the containerd that runs the shim (its ttrpc address, TTRPC_ADDRESS, is the
-    gRPC one plus ".ttrpc"); the image must be a torpor checkpoint image;
+    pulled), from the containerd that runs the shim (containerd_address); the image must be a
+    torpor checkpoint image;
  2. its index and metadata from the registry, pinned to that digest, the signature checked on
     the index first: `[restore] on_create = "signed"` requires a signature by a trusted key (or
     this node's own checkpoint) whatever `[restore] signatures` says, "on" leaves it to that;
@@ -59,12 +59,15 @@ def mode(cfg: Config) -> str:
 
 
 def containerd_address(environ: dict[str, str] | os._Environ[str]) -> str:
-    """containerd's gRPC socket, from the ttrpc address it gives its shims."""
+    """containerd's gRPC socket, which containerd gives its shims (2.x: GRPC_ADDRESS), or its
+    ttrpc one (1.6, 1.7: TTRPC_ADDRESS, the gRPC socket's path plus ".ttrpc")."""
+    if environ.get("GRPC_ADDRESS"):
+        return environ["GRPC_ADDRESS"]
     ttrpc = environ.get("TTRPC_ADDRESS", "")
     if not ttrpc.endswith(".ttrpc"):
         raise RestoreError("torpor-runc create cannot tell which containerd runs this container "
-                           "(no TTRPC_ADDRESS from containerd's shim): restore on create works "
-                           "under containerd only",
+                           "(no GRPC_ADDRESS or TTRPC_ADDRESS from containerd's shim): restore "
+                           "on create works under containerd only",
                            hint="create it cold with the annotation "
                                 "io.torpor.restore.cold-start=true, or restore with torpor restore")
     return ttrpc.removesuffix(".ttrpc")

@@ -70,7 +70,8 @@ def run(ctx: Context) -> int:
     from torpor.shim import restore_cmd
     from torpor.shim.main import Context as ShimContext
 
-    namespace = os.path.basename(os.path.dirname(bundle))   # containerd: .../<namespace>/<id>
+    # containerd 2.x says; 1.6 and 1.7 put bundles at .../<namespace>/<id>
+    namespace = os.environ.get("NAMESPACE") or os.path.basename(os.path.dirname(bundle))
     from torpor.capture.restore_policy import ON_CREATE_DIR
 
     work = os.path.join(ctx.cfg.runtime_state_dir, ON_CREATE_DIR,
