@@ -21,8 +21,9 @@ venv:
 
 # The core suite, which runs again on containerd 2.1 and 2.4 over runc 1.3 (the first run is
 # Debian's containerd 1.6 and runc 1.1.5; the chains, in the first run, on 1.6, 2.1 and 2.4):
-# about two minutes each on two cores.
-CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py
+# about two minutes each on two cores. Restore on create: ctr on each, a pod's CRI on 2.1 and 2.4.
+CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py \
+	tests/test_restore_on_create.py
 
 # The whole suite: lint, types, the fast tests, then every test (real containerd, runc, CRIU,
 # registry), then the core tests again on the other versions.

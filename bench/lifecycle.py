@@ -12,7 +12,10 @@ runtime call. The shim calls the runtime five times a round (create, start, kill
 `delete --force` when the shim exits); runc also runs torpor-hook twice (createRuntime,
 poststop), which is counted in the calls it belongs to.
 
-    python -m bench.lifecycle [--rounds 30] [--via api|ctr|both]
+    python -m bench.lifecycle [--rounds 30] [--via api|ctr|both] [--on-create signed]
+
+`--on-create MODE` sets the node's `[restore] on_create` (docs/containerd.md): torpor-runc then
+reads each `create`'s config.json for a checkpoint image's mark, and stats a file on `start`.
 """
 
 from __future__ import annotations
@@ -89,8 +92,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--via", choices=("api", "ctr", "both"), default="both")
+    parser.add_argument("--on-create", choices=("off", "signed", "on"), default="off")
     args = parser.parse_args()
     with world() as w:
+        w.config.write_text(w.config.read_text().replace(
+            "[restore]\n", f'[restore]\non_create = "{args.on_create}"\n'))
         node = w.node("bench")
         torpor_runc = str(w.bin / "torpor-runc")
         if args.via in ("api", "both"):

@@ -66,12 +66,7 @@ def cluster(world: World) -> Iterator[Cluster]:
     try:
         refs = cri.publish_images(base, registry, world.image_layout)
         for name, subnet in zip(("ka", "kb"), free_subnets(2), strict=True):
-            node = cri.CriNode(base / "nodes", name, world.bin, world.config,
-                               sandbox_image=refs["sandbox"], subnet=subnet,
-                               containerd_bin=ecosystem.containerd_bin("2"))
-            nodes.append(node)
-            node.start()
-            cri.Crictl(node)("pull", refs["workload"])
+            cri.start_node(base, name, world.bin, world.config, refs, subnet, started=nodes)
         work = base / "work"
         work.mkdir()
         yield Cluster(nodes[0], nodes[1], registry, refs, work)

@@ -234,4 +234,60 @@ def test_launcher_uses_this_interpreter(torpor_bin: Path) -> None:
 def test_fast_config_read(text: str, expected: str | None) -> None:
     from torpor.config import fast_runtime_path
 
-    assert fast_runtime_path(text) == expected
+    fast = fast_runtime_path(text)
+    assert (fast[0] if fast else None) == expected
+
+
+def test_restore_on_create_costs_ordinary_creates_nothing(fake: dict[str, object],
+                                                          tmp_path: Path) -> None:
+    """`[restore] on_create` on: create and start of an ordinary container still start no
+    Python (the front end) or nothing heavy (its fallback); a create whose spec carries the
+    checkpoint mark goes to torpor-runc's create (which restores only under containerd: said in
+    words here), unless the cold-start annotation asks for runc; a start of a container restored
+    at create (its mark under runc's root) is torpor-runc's, and runc is not asked."""
+    quiet_runc = tmp_path / "runc"
+    quiet_runc.write_text("#!/bin/sh\nexit 0\n")
+    quiet_runc.chmod(0o755)
+    config = tmp_path / "on-create.toml"
+    config.write_text(f'[runtime]\npath = "{quiet_runc}"\nstate_dir = "{tmp_path}/state"\n'
+                      '[restore]\non_create = "signed"\n')
+    plain, marked, cold = (tmp_path / name for name in ("plain", "marked", "cold"))
+    process = {"args": ["sh"], "env": ["PATH=/bin"]}
+    mark = "TORPOR_CHECKPOINT=torpor.checkpoint.v1"
+    for bundle, spec in ((plain, {"process": process}),
+                         (marked, {"process": {**process, "env": ["PATH=/bin", mark]}}),
+                         (cold, {"process": {**process, "env": [mark]},
+                                 "annotations": {"io.torpor.restore.cold-start": "true"}})):
+        bundle.mkdir()
+        (bundle / "config.json").write_text(json.dumps(spec))
+    heavy_packages = {"grpc", "pyroute2", "click", "zstandard", "ctypes", "_ctypes", "typing",
+                      "json", "tomllib", "google"}
+    env = {"PYTHONPROFILEIMPORTTIME": "1", "TORPOR_CONFIG": str(config)}
+    for args in (["create", "--bundle", str(plain), "c"], ["create", "-b", str(plain), "c"],
+                 ["--root", str(tmp_path / "root"), "start", "c"]):
+        result = run(fake, args, env=env)
+        assert result.returncode == 0, result.stderr
+        imported = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines()
+                    if line.startswith("import time:")}
+        if str(fake["runc"]).endswith(".py"):
+            heavy = {m for m in imported if m.split(".")[0] in heavy_packages}
+            assert not heavy, f"{args} imported {sorted(heavy)}"
+        else:
+            assert imported == set(), f"{args} started Python"
+    refused = run(fake, ["create", "--bundle", str(marked), "c"], env={"TORPOR_CONFIG": str(config)})
+    assert refused.returncode == 1
+    assert b"restore on create works under containerd only" in refused.stderr
+    assert run(fake, ["create", "--bundle", str(cold), "c"],
+               env={"TORPOR_CONFIG": str(config)}).returncode == 0
+    # a container restored at create: its start is torpor-runc's, runc's is not run
+    restored = tmp_path / "root" / "c"
+    restored.mkdir(parents=True)
+    (restored / "torpor-restored-on-create").touch()
+    (tmp_path / "runc").write_text("#!/bin/sh\nexit 7\n")
+    started = run(fake, ["--root", str(tmp_path / "root"), "start", "c"],
+                  env={"TORPOR_CONFIG": str(config)})
+    assert started.returncode == 0, started.stderr
+    assert not (restored / "torpor-restored-on-create").exists()
+    again = run(fake, ["--root", str(tmp_path / "root"), "start", "c"],
+                env={"TORPOR_CONFIG": str(config)})
+    assert again.returncode == 7   # runc's again

@@ -84,6 +84,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                       "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
         "lazy": (bool, False, "restore checkpoint images lazily: the workload runs at once and "
                  "its memory arrives after it (torpor restore --lazy; docs/lazy.md)"),
+        "on_create": (str, "off", 'a container created under torpor-runc from a checkpoint '
+                      'image restores: "off", "signed" (only checkpoints signed by a trusted key '
+                      'or made here) or "on" ([restore] signatures decides; docs/containerd.md)'),
         "max_chunk_index_bytes": (int, 256 << 20,
                                   "what a chunk index may unpack to (and never more than 32 "
                                   "times its layer, above 1 MiB)"),
@@ -160,6 +163,7 @@ class Config:
         "restore_max_manifest_bytes",
         "restore_max_unpacked_bytes",
         "restore_mount_sources",
+        "restore_on_create",
         "restore_signatures",
         "restore_timeout_s",
         "restore_trusted_keys",
@@ -207,6 +211,7 @@ class Config:
     restore_timeout_s: int
     restore_max_chunk_index_bytes: int
     restore_lazy: bool
+    restore_on_create: str
     registry_docker_config: str
     registry_ca_file: str
     registry_insecure: list[str]
@@ -318,14 +323,19 @@ def fast_parse(text: str) -> dict[str, Any] | None:
     return values
 
 
-def fast_runtime_path(text: str) -> str | None:
-    """`[runtime] path` from a plain file (see fast_parse), for torpor-runc's pass-through."""
+def fast_runtime_path(text: str) -> tuple[str, bool] | None:
+    """`[runtime] path` and whether `[restore] on_create` is other than "off", from a plain file
+    (see fast_parse), for torpor-runc's pass-through."""
     values = fast_parse(text)
     if values is None:
         return None
     runtime = values.get("runtime", {})
     path = runtime.get("path", "runc") if isinstance(runtime, dict) else None
-    return path if isinstance(path, str) else None
+    restore = values.get("restore", {})
+    on_create = restore.get("on_create", "off") if isinstance(restore, dict) else None
+    if not isinstance(path, str) or not isinstance(on_create, str):
+        return None
+    return path, on_create != "off"
 
 
 def load() -> Config:

@@ -87,6 +87,21 @@ class CriNode(Node):
         ip("link", "del", self.bridge, check=False)
 
 
+def start_node(base: Path, name: str, bin_dir: Path, torpor_config: Path, refs: dict[str, str],
+               subnet: int, containerd: str = "2", runc: str = "1.1",
+               started: list[CriNode] | None = None) -> CriNode:
+    """A CRI node of these versions with publish_images' sandbox, the test image pulled;
+    appended to `started` before it starts, so that the caller stops it whatever happens."""
+    node = CriNode(base / "nodes", name, bin_dir, torpor_config, sandbox_image=refs["sandbox"],
+                   subnet=subnet, containerd_bin=ecosystem.containerd_bin(containerd),
+                   runc=ecosystem.runc_path(runc))
+    if started is not None:
+        started.append(node)
+    node.start()
+    Crictl(node)("pull", refs["workload"])
+    return node
+
+
 class Crictl:
     """The real crictl, against one node."""
 

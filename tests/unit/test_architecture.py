@@ -26,7 +26,8 @@ ALLOWED = {
     # torpord runs the CLI's commands, the schedules, and torpor-runc's checkpoint (pyroute2
     # imported before it forks: capture.netns)
     "service": GROUND | {"cli", "ops", "shim", "capture", "lazy"},
-    "shim": GROUND | {"capture", "gpu", "criu_images"},
+    # create_cmd: a container created from a checkpoint image restores from it (ops/on_create)
+    "shim": GROUND | {"capture", "gpu", "criu_images", "ops"},
     "oci_hooks": GROUND | {"capture"},
 }
 # the ground floor's own order: formats see only errors, atomicfile and themselves

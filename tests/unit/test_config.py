@@ -52,8 +52,11 @@ def test_mistakes_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tex
 
 
 def test_the_fast_path_reads_the_runtime_path() -> None:
-    assert config.fast_runtime_path('[runtime]\npath = "/opt/runc"\n') == "/opt/runc"
-    assert config.fast_runtime_path("# nothing\n") == "runc"
+    assert config.fast_runtime_path('[runtime]\npath = "/opt/runc"\n') == ("/opt/runc", False)
+    assert config.fast_runtime_path("# nothing\n") == ("runc", False)
+    assert config.fast_runtime_path('[restore]\non_create = "signed"\n') == ("runc", True)
+    assert config.fast_runtime_path('[restore]\non_create = "off"\n') == ("runc", False)
+    assert config.fast_runtime_path("[restore]\non_create = 1\n") is None  # Config says why
     assert config.fast_runtime_path("[runtime]\npath = '''x'''\n") is None  # left to tomllib
 
 

@@ -36,6 +36,8 @@ CONFIGS: list[tuple[str, str]] = [
     ("a name on PATH", '[runtime]\npath = "rt-b"\n'),
     ("no runtime table", '[image]\nstore = "/s"\n'),
     ("runtime without path", '[runtime]\nstate_dir = "/run/x"\n'),
+    ("restore on create", '[restore]\non_create = "signed"\n[runtime]\npath = "RT_A"\n'),
+    ("restore on create not a string", '[restore]\non_create = true\n[runtime]\npath = "RT_A"\n'),
     ("lists and booleans", '[restore]\nhooks = ["/a", \'/b\',]\nallow_device_files = false\n'
                            '[runtime]\npath = "RT_A"\n'),
     ("integers", '[gpu]\nlock_timeout_ms = +5\ndriver_timeout_s = 0\n[runtime]\npath = "RT_A"\n'),

@@ -305,6 +305,17 @@ def built_by_cri(image_path: str, container_id: str) -> bool:
     return False
 
 
+ON_CREATE_DIR = "on-create"   # under [runtime] state_dir: torpor-runc create's unpacked checkpoints
+
+
+def built_for_create(image_path: str, state_dir: str) -> bool:
+    """Whether torpor-runc create is restoring (restore on create): it unpacked the checkpoint
+    under `<state_dir>/on-create/`, and the spec is the one the engine (ctr, nerdctl, kubelet)
+    made for the new container, as a CRI restore's is kubelet's, not the checkpoint's."""
+    root = os.path.realpath(os.path.join(state_dir, ON_CREATE_DIR))
+    return os.path.realpath(image_path).startswith(root + os.sep)
+
+
 NODE_KEY = "node.key"  # torpor.capture.node_key.NODE_KEY
 SEAL_PREFIX = "hmac-sha256:"
 

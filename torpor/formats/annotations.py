@@ -35,6 +35,8 @@ CHECKPOINT_VOLUMES = "io.torpor.checkpoint.volumes"            # "all", "none" o
 CHECKPOINT_TCP_ESTABLISHED = "io.torpor.checkpoint.tcp-established"  # "true"
 CHECKPOINT_FILE_LOCKS = "io.torpor.checkpoint.file-locks"            # "true"
 RESTORE_ADD_ADDRESSES = "io.torpor.restore.add-addresses"            # "true"
+# a container created from a checkpoint image starts cold where the node restores on create
+RESTORE_COLD_START = "io.torpor.restore.cold-start"                  # "true"
 
 # Kubernetes: what containerd's CRI plugin writes into a pod container's spec, and the
 # annotation that makes an OCI image a checkpoint to restore (checkpointctl's lib/annotations.go)

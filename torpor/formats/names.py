@@ -43,6 +43,11 @@ CHECKPOINT_METADATA = "checkpoint.json"
 CRIU_DIR = "criu"                                # CRIU's images, as runc left them
 ROOTFS_DIFF = "rootfs-diff.tar"                  # the read-write layer (OCI layer, whiteouts)
 CRIU_DUMP_LOG = "criu-dump.log"
+# The mark of a checkpoint's runnable image: this variable in its config's Env, which every engine
+# copies into the container's spec (docs/format.md); torpor-runc create looks for it
+CHECKPOINT_ENV = "TORPOR_CHECKPOINT"
+# runc's state directory of a container torpor-runc restored at create: `start` has nothing to do
+RESTORED_ON_CREATE = "torpor-restored-on-create"
 
 # What torpor-runc keeps in a checkpoint's image directory, beside CRIU's own files: flat files
 # named torpor-*, never a folder. containerd's CRI (kubelet's checkpoints) copies that directory

@@ -40,10 +40,17 @@ def state_entry() -> dict[str, Any]:
 RW_LAYER_COMMENT = "the container's read-write layer at checkpoint time"
 
 
+CHECKPOINT_MARK = f"{names.CHECKPOINT_ENV}={names.CHECKPOINT_FORMAT}"
+
+
 def runnable_config(base_config: OciDocument, diff_id: str | None, created: str,
                     container_id: str) -> OciDocument:
-    """The base image's config, plus the read-write layer's diff ID and a history entry."""
+    """The base image's config, plus the read-write layer's diff ID and a history entry, and
+    the checkpoint's mark in Env (torpor-runc create restores a container made from it, where
+    the node's `[restore] on_create` says so)."""
     config: OciDocument = json.loads(json.dumps(base_config))
+    run = config.setdefault("config", {})
+    run["Env"] = [*unmarked(run.get("Env")), CHECKPOINT_MARK]
     if diff_id is not None:
         config.setdefault("rootfs", {"type": "layers", "diff_ids": []})
         config["rootfs"]["diff_ids"].append(diff_id)
@@ -74,7 +81,17 @@ def without_rw_layer(config: OciDocument) -> OciDocument:
     base: OciDocument = json.loads(json.dumps(config))
     base["rootfs"]["diff_ids"].pop()
     base["history"].pop()
+    run = base.get("config")
+    if isinstance(run, dict) and "Env" in run:
+        run["Env"] = unmarked(run["Env"])
     return base
+
+
+def unmarked(env: object) -> list[str]:
+    """An image config's Env without the checkpoint's mark."""
+    items = env if isinstance(env, list) else []
+    return [e for e in items if not (isinstance(e, str)
+                                     and e.startswith(names.CHECKPOINT_ENV + "="))]
 
 
 def runnable_manifest(config: Descriptor, layers: list[dict[str, Any]], created: str,

@@ -3,8 +3,10 @@
  * runc without starting Python.
  *
  * `checkpoint` and `restore` go to torpor-runc's Python program (TORPOR_SCRIPT, run by
- * TORPOR_PYTHON); `-h`/`--help` and every other subcommand are execve'd to the low-level
- * runtime, so argv, stdio, inherited fds, signals and the exit status stay runc's. The runtime is
+ * TORPOR_PYTHON), and, where the config's `[restore] on_create` is other than "off", a `create`
+ * whose bundle's config.json names the checkpoint mark (TORPOR_CHECKPOINT=) and the `start` of a
+ * container torpor-runc restored at create (its mark in runc's state directory of it: one stat);
+ * `-h`/`--help` and every other subcommand are execve'd to the low-level runtime, so argv, stdio, inherited fds, signals and the exit status stay runc's. The runtime is
  * `[runtime] path` of the torpor config (TORPOR_CONFIG, else /etc/torpor/config.toml; "runc"
  * without one), found on PATH but never this program itself. Anything this file cannot decide
  * plainly (a config line it does not understand, a runtime it cannot find, one that leads back
@@ -47,6 +49,10 @@
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 static const char *const INTERCEPTED[] = {"checkpoint", "restore", NULL};
+/* = torpor/shim/on_create_check.py's SPEC_MARK and RESTORED_MARK, RUNC_ROOT */
+#define SPEC_MARK "\"TORPOR_CHECKPOINT="
+#define RESTORED_MARK "torpor-restored-on-create"
+#define RUNC_ROOT "/run/runc"
 static const char *const GLOBAL_VALUE_FLAGS[] = {"root", "log", "log-format", "criu", "rootless",
                                                  NULL};
 static char self[PATH_MAX];
@@ -232,11 +238,13 @@ static int define(struct names *seen, const char *name, int is_table) {
     return 1;
 }
 
-/* `[runtime] path` of a plain config (text) into out; 0 when the file needs the real parser. */
-static int config_runtime(char *text, char *out, size_t size) {
+/* `[runtime] path` of a plain config (text) into out, and whether `[restore] on_create` is
+ * other than "off"; 0 when the file needs the real parser. */
+static int config_runtime(char *text, char *out, size_t size, int *on_create) {
     static struct names seen;
     char table[NAME_LEN] = "";
     seen.count = 0;
+    *on_create = 0;
     snprintf(out, size, "runc");
     for (char *line = text, *next; line; line = next) {
         next = strchr(line, '\n');
@@ -280,8 +288,92 @@ static int config_runtime(char *text, char *out, size_t size) {
                 return 0;  /* not a string: the Python program says so */
             snprintf(out, size, "%s", value);
         }
+        if (strcmp(full, "restore.on_create") == 0) {
+            if (!is_string)
+                return 0;  /* the Python program says what is wrong */
+            *on_create = strcmp(value, "off") != 0;
+        }
     }
     return 1;
+}
+
+/* The value of a flag of the subcommand (`--name V`, `--name=V`, `-name V`, `-name=V`). */
+static const char *flag_value(int argc, char **argv, int command, const char *name) {
+    size_t len = strlen(name);
+    for (int i = command + 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--") == 0 || arg[0] != '-')
+            continue;
+        const char *body = arg + (arg[1] == '-' ? 2 : 1);
+        if (strncmp(body, name, len) != 0)
+            continue;
+        if (body[len] == '=')
+            return body + len + 1;
+        if (body[len] == '\0' && i + 1 < argc)
+            return argv[i + 1];
+    }
+    return NULL;
+}
+
+/* Whether the file holds `needle` (read whole, up to 16 MiB). */
+static int file_holds(const char *path, const char *needle) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t cap = 64 * 1024, n = 0;
+    char *text = malloc(cap + 1);
+    while (text) {
+        n += fread(text + n, 1, cap - n, f);
+        if (n < cap || cap >= (16 << 20))
+            break;
+        char *bigger = realloc(text, cap * 2 + 1);
+        if (!bigger) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = bigger;
+        cap *= 2;
+    }
+    fclose(f);
+    if (!text)
+        return 1;  /* cannot tell: the Python program looks */
+    int found = memmem(text, n, needle, strlen(needle)) != NULL;
+    free(text);
+    return found;
+}
+
+/* Restore on create: a `create` of a checkpoint image's container, a `start` of one restored. */
+static int on_create_call(int argc, char **argv, int command) {
+    char path[PATH_MAX];
+    if (strcmp(argv[command], "create") == 0) {
+        const char *bundle = flag_value(argc, argv, command, "bundle");
+        if (!bundle)
+            bundle = flag_value(argc, argv, command, "b");
+        if (snprintf(path, sizeof path, "%s/config.json", bundle ? bundle : ".") >=
+            (int)sizeof path)
+            return 1;
+        return file_holds(path, SPEC_MARK);
+    }
+    if (strcmp(argv[command], "start") == 0 && command + 1 < argc) {
+        const char *id = argv[argc - 1];
+        const char *root = RUNC_ROOT;
+        for (int i = 1; i < command; i++) {
+            const char *arg = argv[i];
+            const char *body = arg + (arg[1] == '-' ? 2 : 1);
+            if (arg[0] == '-' && strncmp(body, "root", 4) == 0) {
+                if (body[4] == '=')
+                    root = body + 5;
+                else if (body[4] == '\0' && i + 1 < command)
+                    root = argv[i + 1];
+            }
+        }
+        if (id[0] == '-' || strchr(id, '/') ||
+            snprintf(path, sizeof path, "%s/%s/" RESTORED_MARK, root, id) >= (int)sizeof path)
+            return 0;
+        return access(path, F_OK) == 0;
+    }
+    return 0;
 }
 
 /* The whole file, NUL-terminated; NULL when it cannot be read plainly (too big, a NUL). */
@@ -352,6 +444,7 @@ int main(int argc, char **argv) {
 
     const char *explicit = getenv("TORPOR_CONFIG");
     char runtime[PATH_MAX];
+    int on_create = 0;
     FILE *f = fopen(explicit && *explicit ? explicit : DEFAULT_CONFIG, "r");
     if (!f) {
         if (explicit && *explicit)
@@ -360,10 +453,13 @@ int main(int argc, char **argv) {
     } else {
         char *text = read_config(f);
         fclose(f);
-        if (!text || !config_runtime(text, runtime, sizeof runtime))
+        if (!text || !config_runtime(text, runtime, sizeof runtime, &on_create))
             to_python(argc, argv);
         free(text);
     }
+    if (on_create && command && !asks_for_help(argc, argv, command) &&
+        on_create_call(argc, argv, command))
+        to_python(argc, argv);
     if (getenv(MARKER))
         to_python(argc, argv);  /* runc led back to torpor-runc: said in words there */
 

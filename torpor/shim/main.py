@@ -2,8 +2,10 @@
 
 containerd's runc shim, podman or CRI-O run this in place of runc. A plain scan of argv decides:
 the subcommands in DISPATCH (checkpoint and restore) get torpor's treatment, and every other call
-(create and start included: torpor needs nothing from them) is `execve`d to the low-level runtime
-untouched, so argv, stdio, inherited fds, signals and the exit status stay runc's. Installed
+is `execve`d to the low-level runtime untouched, so argv, stdio, inherited fds, signals and the
+exit status stay runc's. Where the node's `[restore] on_create` is on, a `create` whose spec
+carries a checkpoint image's mark, and the `start` of a container restored so, go to ON_CREATE
+(on_create_check.py decides, with one read of config.json or one stat). Installed
 launchers put a compiled front end (frontend.c) before this program, which does the same scan
 and execs runc without starting Python; this module is what it runs for checkpoint and restore,
 and the whole of torpor-runc where no C compiler was found.
@@ -43,10 +45,17 @@ DISPATCH = {
     "restore": "torpor.shim.restore_cmd",
 }
 SERVED = frozenset({"checkpoint"})   # what torpord runs when it answers (never restore)
+# ... and these, where `[restore] on_create` is on and on_create_check.intercepts says so
+ON_CREATE = {
+    "create": "torpor.shim.create_cmd",
+    "start": "torpor.shim.start_cmd",
+}
 
-def _config_runtime() -> tuple[str, Config | None]:
-    """runc's name or path from the config; no file means "runc", and plain files are read
-    without importing tomllib (the full parse happens for intercepted subcommands)."""
+
+def _config_runtime() -> tuple[str, bool, Config | None]:
+    """runc's name or path from the config and whether `[restore] on_create` is on; no file
+    means "runc" and off, and plain files are read without importing tomllib (the full parse
+    happens for intercepted subcommands)."""
     explicit = os.environ.get("TORPOR_CONFIG")
     path = explicit or "/etc/torpor/config.toml"
     try:
@@ -54,20 +63,20 @@ def _config_runtime() -> tuple[str, Config | None]:
             text = f.read()
     except FileNotFoundError:
         if not explicit:
-            return "runc", None
+            return "runc", False, None
         text = None
     except (OSError, UnicodeDecodeError):
         text = None
     if text is not None:
         from torpor.config import fast_runtime_path
 
-        runtime = fast_runtime_path(text)
-        if runtime is not None:
-            return runtime, None
+        fast = fast_runtime_path(text)
+        if fast is not None:
+            return fast[0], fast[1], None
     from torpor import config  # reports what is wrong with the file
 
     cfg = config.load()
-    return cfg.runtime_path, cfg
+    return cfg.runtime_path, cfg.restore_on_create != "off", cfg
 
 
 class Context:
@@ -98,10 +107,15 @@ def main(argv: list[str] | None = None, in_service: bool = False) -> int:
         sys.argv[0] = front_end
     argv = list(sys.argv if argv is None else argv)
     try:
-        runtime_name, cfg = _config_runtime()
+        runtime_name, on_create, cfg = _config_runtime()
         runtime = lowlevel.resolve(runtime_name)
         command = subcommand(argv) or ""
         module_name = DISPATCH.get(command)
+        if module_name is None and on_create and command in ON_CREATE:
+            from torpor.shim import on_create_check
+
+            if on_create_check.intercepts(command, argv):
+                module_name = ON_CREATE[command]
         if module_name is None:
             lowlevel.exec_runtime(runtime, argv)
             return 0  # not reached

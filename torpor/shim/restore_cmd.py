@@ -4,8 +4,10 @@ The steps, in order:
 
  1. check the restore-time spec against this node's restore policy (capture.restore_policy):
     exactly what `torpor restore` granted (its record), requests this node sealed at checkpoint
-    time, or else what the policy allows alone; what Podman made for the container itself (its
-    root, its files, a fresh network namespace: capture.own_engine) is not a request;
+    time, a spec the engine made for this container (kubelet's in a CRI restore, any engine's
+    in a restore on create: create_cmd.py), or else what the policy allows alone; what
+    Podman made for the container itself (its root, its files, a fresh network namespace:
+    capture.own_engine) is not a request;
     then write torpor's hooks into it, this node's own (createRuntime and poststop);
  2. read torpor-state.json from the image directory (none: a plain runc checkpoint, handed over);
  3. put back the CRIU flags containerd does not repeat on restore (tcp-established,
@@ -128,7 +130,8 @@ def run(ctx: Context) -> int:
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
     # what Podman made for the container itself (its root, its files) is not the checkpoint's
     requests = own_engine.requests_of(config, bundle, container_id, restoring=True)
-    sealed = restore_policy.built_by_cri(image_path, container_id) or (
+    sealed = restore_policy.built_by_cri(image_path, container_id) or \
+        restore_policy.built_for_create(image_path, ctx.cfg.runtime_state_dir) or (
         state is not None and bool(state.spec_seal) and any(
             restore_policy.sealed_here(restore_policy.node_key(ctx.cfg, ctx.log),
                                        sealed_requests, state.spec_seal)

@@ -130,9 +130,12 @@ def examine(repo: RepositoryClient, digest: str, cfg: Config) -> SignatureCheck:
                           own.made_here(cfg.image_store, digest), tuple(found.unreadable))
 
 
-def check(repo: RepositoryClient, reference: str, digest: str, cfg: Config) -> SignatureCheck:
-    """The node's policy on the image `digest`: a SignatureCheck, or RestoreError in words."""
-    policy = Policy.of(cfg)
+def check(repo: RepositoryClient, reference: str, digest: str, cfg: Config,
+          required_by: str = "") -> SignatureCheck:
+    """The node's policy on the image `digest`: a SignatureCheck, or RestoreError in words.
+    `required_by`: the setting that requires a signature whatever `[restore] signatures` says
+    (`[restore] on_create = "signed"`)."""
+    policy = Policy.REQUIRED if required_by else Policy.of(cfg)
     if policy is Policy.OFF:
         return SignatureCheck(digest, "", policy)
     result = examine(repo, digest, cfg)
@@ -142,12 +145,14 @@ def check(repo: RepositoryClient, reference: str, digest: str, cfg: Config) -> S
     if not signed and policy is Policy.IF_PRESENT:
         return result
     if not signed:
+        setting = required_by or '[restore] signatures is "required"'
+        otherwise = ('start it cold (annotation io.torpor.restore.cold-start=true)'
+                     if required_by else 'set [restore] signatures = "if-present" on this node')
         raise RestoreError(
-            f"{reference} ({digest}) is not signed, and this node's [restore] signatures is "
-            '"required"',
+            f"{reference} ({digest}) is not signed, and this node's {setting}",
             hint=f"sign it where it was made (torpor checkpoint --sign KEY, torpor push --sign "
-                 f"KEY, or cosign sign --key KEY {_repository(reference)}@{digest}), or set "
-                 f'[restore] signatures = "if-present" on this node')
+                 f"KEY, or cosign sign --key KEY {_repository(reference)}@{digest}), or "
+                 f"{otherwise}")
     reasons = [f"signature {s.layer}: {s.problem}" for s in result.signatures] + \
         [f"unreadable signature {u}" for u in result.unreadable]
     raise RestoreError(
@@ -163,14 +168,14 @@ def _repository(reference: str) -> str:
     return f"{ref.registry}/{ref.repository}"
 
 
-def checker(cfg: Config, reference: str,
-            results: list[SignatureCheck]) -> Callable[[RepositoryClient, Descriptor], None]:
+def checker(cfg: Config, reference: str, results: list[SignatureCheck],
+            required_by: str = "") -> Callable[[RepositoryClient, Descriptor], None]:
     """A `check_top` for registry.fetch_metadata: the policy on the index, appended to
     `results`. The keys are read now, so a bad key file is reported before any request."""
-    if Policy.of(cfg) is not Policy.OFF:
+    if required_by or Policy.of(cfg) is not Policy.OFF:
         trusted_keys(cfg)
 
     def check_top(repo: RepositoryClient, top: Descriptor) -> None:
-        results.append(check(repo, reference, top.digest, cfg))
+        results.append(check(repo, reference, top.digest, cfg, required_by))
 
     return check_top
