@@ -1,0 +1,153 @@
+"""A pod moved between two nodes of a real Kubernetes cluster, through the API server, as a user
+moves it: kube-apiserver, etcd, two kubelets each with its own containerd 2.x
+(tests/support/kube.py), the RuntimeClass from packaging/kubernetes, `kubectl`.
+
+The journey: a counter pod of runtime class torpor on node A, a plain runc pod beside it (the
+baseline, which must not notice anything); the torpor pod checkpointed through the API server's
+node proxy to kubelet's checkpoint API; `torpor kube image` on node A turns kubelet's archive
+into the image a pod restores from, pushed to the registry both nodes use; a new pod on node B
+from that image: the counter continues, the emptyDir's and /dev/shm's files are back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .support import ecosystem
+from .support.kube import KubeCluster
+from .support.processes import wait_for
+from .support.world import World
+
+pytestmark = pytest.mark.real
+
+RUNTIME_CLASS = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / \
+    "runtimeclass.yaml"
+WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; i=0; "
+            "while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; "
+            "usleep 50000; done"]
+
+
+@pytest.fixture(scope="module")
+def kube(world: World) -> Iterator[KubeCluster]:
+    missing = ecosystem.kube_missing()
+    if missing:
+        pytest.skip(f"no Kubernetes binaries ({', '.join(missing)}): `make deps` builds them")
+    base = world.base / "kube-cluster"
+    base.mkdir()
+    cluster = KubeCluster(world, base)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def pod(name: str, node: str, image: str, runtime_class: str | None,
+        command: list[str] | None) -> dict[str, Any]:
+    """A pod bound to `node` (there is no scheduler), its /data an emptyDir."""
+    container: dict[str, Any] = {"name": "counter", "image": image,
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+    if command:
+        container["command"] = command
+    spec: dict[str, Any] = {"nodeName": node, "containers": [container],
+                            "volumes": [{"name": "data", "emptyDir": {}}],
+                            "terminationGracePeriodSeconds": 1}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": spec}
+
+
+def wait_running(kube: KubeCluster, name: str, timeout: float = 120) -> dict[str, Any]:
+    def running() -> dict[str, Any] | None:
+        found = kube.pod(name)
+        statuses = found["status"].get("containerStatuses") or []
+        if statuses and "running" in statuses[0]["state"]:
+            return found
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        assert waiting.get("reason") not in ("CreateContainerError", "ErrImagePull",
+                                             "CrashLoopBackOff"), json.dumps(found["status"])
+        return None
+
+    found = wait_for(running, timeout=timeout, interval=0.5, what=f"pod {name} to run")
+    assert isinstance(found, dict)
+    return found
+
+
+def pod_exec(kube: KubeCluster, name: str, *cmd: str) -> str:
+    return kube.kubectl("exec", name, "-c", "counter", "--", *cmd).strip()
+
+
+def counter(kube: KubeCluster, name: str) -> int:
+    return int(pod_exec(kube, name, "cat", "/tmp/count"))
+
+
+def counter_above(kube: KubeCluster, name: str, value: int, timeout: float = 30) -> int:
+    def above() -> int | None:
+        try:
+            current = counter(kube, name)
+        except (AssertionError, ValueError):
+            return None
+        return current if current > value else None
+
+    found = wait_for(above, timeout=timeout, interval=0.3, what=f"{name}'s counter > {value}")
+    assert isinstance(found, int)
+    return found
+
+
+def restarts(found: dict[str, Any]) -> int:
+    return int(found["status"]["containerStatuses"][0]["restartCount"])
+
+
+def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeCluster) -> None:
+    kube.kubectl("apply", "-f", str(RUNTIME_CLASS))
+    assert kube.kubectl("get", "runtimeclass", "torpor", "-o",
+                        "jsonpath={.handler}") == "torpor"
+    kube.apply(pod("counter", "node-a", kube.workload_image, "torpor", WORKLOAD))
+    kube.apply(pod("plain", "node-a", kube.workload_image, None, WORKLOAD))
+    wait_running(kube, "counter")
+    wait_running(kube, "plain")
+    plain_before = counter_above(kube, "plain", 5)
+    before = counter_above(kube, "counter", 5)
+
+    # kubelet's checkpoint API, through the API server's node proxy
+    answer = json.loads(kube.kubectl(
+        "create", "--raw", "/api/v1/nodes/node-a/proxy/checkpoint/default/counter/counter"
+        "?timeout=120", "-f", "/dev/null"))
+    archive = Path(answer["items"][0])
+    assert archive.parent == kube.nodes["node-a"].checkpoints() and archive.is_file()
+    assert counter_above(kube, "counter", before) > before    # it kept running
+
+    # the image a pod restores from, made on node A (its containerd), pushed over TLS
+    assert kube.registry is not None
+    ref = f"{kube.registry.host}/checkpoints/counter:1"
+    node_a = kube.nodes["node-a"]
+    made = subprocess.run(["nsenter", f"--net={node_a.netns.path}",
+                           str(kube.world.bin / "torpor"), "kube", "image", str(archive),
+                           "-t", ref, "--ca-file", str(kube.ca)],
+                          capture_output=True, text=True, timeout=300,
+                          env=node_a.containerd.env)
+    assert made.returncode == 0, made.stdout + made.stderr
+
+    # a new pod on node B from that image: the counter goes on, the files are back
+    kube.apply(pod("counter-moved", "node-b", ref, "torpor", None))
+    moved = wait_running(kube, "counter-moved")
+    first = counter(kube, "counter-moved")
+    assert first >= before, f"the counter restarted on node B: {first} < {before}"
+    counter_above(kube, "counter-moved", first)
+    assert pod_exec(kube, "counter-moved", "cat", "/data/note") == "kept"
+    assert pod_exec(kube, "counter-moved", "cat", "/dev/shm/note") == "in-shm"
+    assert moved["spec"]["nodeName"] == "node-b"
+    assert restarts(kube.pod("counter-moved")) == 0
+
+    # the baseline and the original were not disturbed
+    counter_above(kube, "plain", plain_before)
+    for name in ("plain", "counter"):
+        assert restarts(kube.pod(name)) == 0, json.dumps(kube.pod(name)["status"])
+    for name in ("counter-moved", "counter", "plain"):
+        kube.kubectl("delete", "pod", name, "--wait=false")
