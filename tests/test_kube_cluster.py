@@ -19,18 +19,17 @@ from typing import Any
 
 import pytest
 
-from .support import ecosystem
+from .support import cri, ecosystem
 from .support.kube import KubeCluster
 from .support.processes import wait_for
+from .support.workload import COUNTER
 from .support.world import World
 
 pytestmark = pytest.mark.real
 
 RUNTIME_CLASS = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / \
     "runtimeclass.yaml"
-WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; i=0; "
-            "while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; "
-            "usleep 50000; done"]
+WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; " + COUNTER]
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +99,12 @@ def counter_above(kube: KubeCluster, name: str, value: int, timeout: float = 30)
     return found
 
 
+def sandbox_handlers(kube: KubeCluster, node: str) -> dict[str, str]:
+    """pod name -> the runtime handler its sandbox runs under, as the node's containerd says."""
+    pods = cri.Crictl(kube.nodes[node].containerd).json("pods")["items"]
+    return {p["metadata"]["name"]: p["runtimeHandler"] for p in pods if p["state"] == "SANDBOX_READY"}
+
+
 def restarts(found: dict[str, Any]) -> int:
     return int(found["status"]["containerStatuses"][0]["restartCount"])
 
@@ -114,6 +119,7 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     wait_running(kube, "plain")
     plain_before = counter_above(kube, "plain", 5)
     before = counter_above(kube, "counter", 5)
+    assert sandbox_handlers(kube, "node-a") == {"counter": "torpor", "plain": ""}
 
     # kubelet's checkpoint API, through the API server's node proxy
     answer = json.loads(kube.kubectl(
@@ -143,6 +149,7 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     assert pod_exec(kube, "counter-moved", "cat", "/data/note") == "kept"
     assert pod_exec(kube, "counter-moved", "cat", "/dev/shm/note") == "in-shm"
     assert moved["spec"]["nodeName"] == "node-b"
+    assert sandbox_handlers(kube, "node-b") == {"counter-moved": "torpor"}
     assert restarts(kube.pod("counter-moved")) == 0
 
     # the baseline and the original were not disturbed
@@ -151,3 +158,5 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
         assert restarts(kube.pod(name)) == 0, json.dumps(kube.pod(name)["status"])
     for name in ("counter-moved", "counter", "plain"):
         kube.kubectl("delete", "pod", name, "--wait=false")
+    # kubelet wanted other kernel settings: the host's were never written
+    assert kube.host_sysctls() == kube.sysctls_at_start

@@ -25,7 +25,7 @@ from typing import Any
 from . import ecosystem
 from .cri import SANDBOX_CMD, SANDBOX_IMAGE, CriNode, push_layout
 from .images import write_layout
-from .kube_node import KubeNode, join_bridge
+from .kube_node import SYSCTLS, KubeNode, join_bridge
 from .kube_pki import Pki
 from .netns import NetNS, ip
 from .processes import stop, wait_for
@@ -55,17 +55,22 @@ class KubeCluster:
     def __init__(self, world: World, base: Path) -> None:
         self.world = world
         self.base = base
-        self.cp = NetNS("torpor-kcp")
-        self.namespaces = [self.cp]
-        self.bridge = "tkbr0"
         self.pki = Pki(base / "pki")
-        self.daemons: list[Daemon] = []
-        self.nodes: dict[str, KubeNode] = {}
-        self.registry: Registry | None = None
-        self.workload_image = ""
         self.admin = self.pki.kubeconfig("admin", API_SERVER,
                                          self.pki.issue("admin", "torpor-test-admin",
                                                         "system:masters"))
+        self.bridge = "tkbr0"
+        self.daemons: list[Daemon] = []
+        self.sysctls_at_start = self.host_sysctls()
+        self.nodes: dict[str, KubeNode] = {}
+        self.registry: Registry | None = None
+        self.workload_image = ""
+        self.cp = NetNS("torpor-kcp")    # last: stop() removes it
+        self.namespaces = [self.cp]
+
+    @staticmethod
+    def host_sysctls() -> dict[str, str]:
+        return {entry: (Path("/proc/sys") / entry).read_text() for entry in SYSCTLS}
 
     @property
     def ca(self) -> Path:
@@ -77,7 +82,8 @@ class KubeCluster:
         ip("link", "set", self.bridge, "up", netns=self.cp.name)
         self._start_control_plane()
         self.registry = Registry(self.base, "registry", netns=self.cp, address=f"{NET}.1",
-                                 certificate=self._pair("registry", ips=(f"{NET}.1",))).start()
+                                 certificate=self._pair("registry", ips=(f"{NET}.1",)))
+        self.registry.start()
         write_layout(self.base / "sandbox-layout", SANDBOX_IMAGE, cmd=SANDBOX_CMD)
         sandbox = self.publish(self.base / "sandbox-layout", SANDBOX_IMAGE)
         self.workload_image = self.publish(self.world.image_layout, "torpor-test/busybox:1")

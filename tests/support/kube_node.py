@@ -5,6 +5,8 @@ real kubelet registered with the API server.
 What kubelet needs on these machines (../shared notes on kubelet, verified here):
 - cgroup v1 (hybrid) is refused unless `failCgroupV1: false`; `cgroupsPerQOS: false` and no
   node allocatable enforcement keep it out of the host's cgroups;
+- it writes to /var/lib/kubelet and /var/log/containers whatever its root directory: in its
+  mount namespace, empty directories of its own are bind-mounted over /var/lib and /var/log;
 - it rewrites three kernel sysctls (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory):
   it runs in a mount namespace of its own (`unshare --mount`) where files holding the values it
   wants are bind-mounted over those /proc/sys entries, with `protectKernelDefaults`, so the
@@ -28,6 +30,9 @@ from .netns import NetNS, ip
 from .processes import stop
 
 SYSCTLS = {"kernel/panic": "10", "kernel/panic_on_oops": "1", "vm/overcommit_memory": "1"}
+# where kubelet writes whatever its configuration says (/var/lib/kubelet/device-plugins,
+# /var/log/containers): directories of its own there, in its mount namespace
+HIDDEN = ("/var/lib", "/var/log")
 
 
 class KubeNode:
@@ -49,6 +54,10 @@ class KubeNode:
         config = self.root / "kubelet.json"
         config.write_text(json.dumps(self.configuration()))
         mounts = []
+        for hidden in HIDDEN:
+            own = self.root / "hidden" / hidden.strip("/").replace("/", "-")
+            own.mkdir(parents=True)
+            mounts.append(f"mount --bind {own} {hidden}")
         for entry, value in SYSCTLS.items():
             held = self.root / f"sysctl-{entry.replace('/', '-')}"
             held.write_text(value + "\n")
