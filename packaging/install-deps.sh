@@ -51,7 +51,7 @@ GO_TOOLS=(
     "containerd-2.4|github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2|0|no_btrfs|github.com/containerd/containerd/v2/version.Version={v} github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
     # PACKAGE=NAME names a binary (etcd's main package is .../server/v3); kubelet's build tags
     # and -X settings as Kubernetes' own build makes them, cgo for all four (kubelet needs it)
-    "kubernetes|k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3=etcd|1|selinux notest grpcnotrace|k8s.io/component-base/version.gitVersion={v} k8s.io/client-go/pkg/version.gitVersion={v}|heavy"
+    "kubernetes|k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy go.etcd.io/etcd/server/v3=etcd|1|selinux notest grpcnotrace|k8s.io/component-base/version.gitVersion={v} k8s.io/client-go/pkg/version.gitVersion={v}|heavy"
 )
 PREFIX=${TORPOR_PREFIX:-/usr/local}
 DEPS=$PREFIX/lib/torpor-deps

@@ -6,7 +6,9 @@ The journey: a counter pod of runtime class torpor on node A, a plain runc pod b
 baseline, which must not notice anything); the torpor pod checkpointed through the API server's
 node proxy to kubelet's checkpoint API; `torpor kube image` on node A turns kubelet's archive
 into the image a pod restores from, pushed to the registry both nodes use; a new pod on node B
-from that image: the counter continues, the emptyDir's and /dev/shm's files are back.
+from that image: the counter continues, the emptyDir's and /dev/shm's files are back, and once
+the original is deleted its Service reaches the new pod, whose memory holds what a client
+stored in the original.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from .support import cri, ecosystem
 from .support.kube import KubeCluster
+from .support.kube_network import ask
 from .support.processes import wait_for
 from .support.workload import COUNTER
 from .support.world import World
@@ -29,7 +32,10 @@ pytestmark = pytest.mark.real
 
 RUNTIME_CLASS = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes" / \
     "runtimeclass.yaml"
-WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; " + COUNTER]
+WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; kvserver 7000 & "
+            + COUNTER]
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "counter"},
+           "spec": {"selector": {"app": "counter"}, "ports": [{"port": 80, "targetPort": 7000}]}}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def kube(world: World) -> Iterator[KubeCluster]:
 
 
 def pod(name: str, node: str, image: str, runtime_class: str | None,
-        command: list[str] | None) -> dict[str, Any]:
+        command: list[str] | None, app: str = "counter") -> dict[str, Any]:
     """A pod bound to `node` (there is no scheduler), its /data an emptyDir."""
     container: dict[str, Any] = {"name": "counter", "image": image,
                                  "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
@@ -58,7 +64,8 @@ def pod(name: str, node: str, image: str, runtime_class: str | None,
                             "terminationGracePeriodSeconds": 1}
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
             "spec": spec}
 
 
@@ -105,6 +112,14 @@ def sandbox_handlers(kube: KubeCluster, node: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["runtimeHandler"] for p in pods if p["state"] == "SANDBOX_READY"}
 
 
+def endpoints(kube: KubeCluster, service: str) -> list[str]:
+    """The ready addresses of the Service's EndpointSlices."""
+    slices = json.loads(kube.kubectl("get", "endpointslices", "-l",
+                                     f"kubernetes.io/service-name={service}", "-o", "json"))
+    return sorted(address for s in slices["items"] for e in s.get("endpoints") or []
+                  if e.get("conditions", {}).get("ready") for address in e["addresses"])
+
+
 def restarts(found: dict[str, Any]) -> int:
     return int(found["status"]["containerStatuses"][0]["restartCount"])
 
@@ -114,9 +129,12 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     assert kube.kubectl("get", "runtimeclass", "torpor", "-o",
                         "jsonpath={.handler}") == "torpor"
     kube.apply(pod("counter", "node-a", kube.workload_image, "torpor", WORKLOAD))
-    kube.apply(pod("plain", "node-a", kube.workload_image, None, WORKLOAD))
-    wait_running(kube, "counter")
+    kube.apply(pod("plain", "node-a", kube.workload_image, None, WORKLOAD, app="baseline"))
+    kube.apply(SERVICE)
+    original = wait_running(kube, "counter")
     wait_running(kube, "plain")
+    node_a = kube.nodes["node-a"]
+    assert ask(node_a.netns, original["status"]["podIP"], 7000, "SET k v1") == "OK"
     plain_before = counter_above(kube, "plain", 5)
     before = counter_above(kube, "counter", 5)
     assert sandbox_handlers(kube, "node-a") == {"counter": "torpor", "plain": ""}
@@ -132,7 +150,6 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     # the image a pod restores from, made on node A (its containerd), pushed over TLS
     assert kube.registry is not None
     ref = f"{kube.registry.host}/checkpoints/counter:1"
-    node_a = kube.nodes["node-a"]
     made = subprocess.run(["nsenter", f"--net={node_a.netns.path}",
                            str(kube.world.bin / "torpor"), "kube", "image", str(archive),
                            "-t", ref, "--ca-file", str(kube.ca)],
@@ -156,7 +173,15 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     counter_above(kube, "plain", plain_before)
     for name in ("plain", "counter"):
         assert restarts(kube.pod(name)) == 0, json.dumps(kube.pod(name)["status"])
-    for name in ("counter-moved", "counter", "plain"):
+
+    # the original goes, as in a move: the Service reaches the new pod, and its state
+    kube.kubectl("delete", "pod", "counter", "--timeout=60s")
+    service_ip = kube.kubectl("get", "service", "counter", "-o", "jsonpath={.spec.clusterIP}")
+    wait_for(lambda: endpoints(kube, "counter") == [moved["status"]["podIP"]], timeout=30,
+             interval=0.3, what="the Service's endpoints to be the new pod")
+    assert wait_for(lambda: ask(node_a.netns, service_ip, 80, "GET k"), timeout=30,
+                    interval=0.3, what="an answer through the Service") == "v1"
+    for name in ("counter-moved", "plain"):
         kube.kubectl("delete", "pod", name, "--wait=false")
-    # kubelet wanted other kernel settings: the host's were never written
+    # kubelet and kube-proxy wanted other kernel settings: the host's were never written
     assert kube.host_sysctls() == kube.sysctls_at_start

@@ -8,11 +8,14 @@
   with its own containerd 2.x (CRI, the torpor runtime class from `torpor runtime-config`, a CNI
   bridge for its pods) and its own kubelet. containerd trusts the cluster's CA (SSL_CERT_FILE),
   for pulls and for the base image a restore pulls by digest.
+- Services work (tests/support/kube_network.py): kube-controller-manager (EndpointSlices only)
+  beside the API server, kube-proxy in each node's namespace, routes between the nodes' pods.
 - `kubectl` runs in the control plane's namespace with an admin kubeconfig (`system:masters`).
 
-Everything is stopped by pid: the kubelets, then each containerd with its pods, the API server
-before etcd (its shutdown hangs once etcd is gone: SIGKILL after 5 s), the registry; then the
-namespaces (with their bridges and veths) and the files.
+Everything is stopped by pid: the kube-proxies, the kubelets, then each containerd with its
+pods, kube-controller-manager, the API server before etcd (its shutdown hangs once etcd is gone:
+SIGKILL after 5 s), the registry; then the namespaces (with their bridges and veths) and the
+files.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from . import ecosystem
+from . import ecosystem, kube_network
 from .cri import SANDBOX_CMD, SANDBOX_IMAGE, CriNode, push_layout
 from .images import write_layout
-from .kube_node import SYSCTLS, KubeNode, join_bridge
+from .kube_node import SYSCTLS, Daemon, KubeNode, join_bridge
 from .kube_pki import Pki
 from .netns import NetNS, ip
 from .processes import stop, wait_for
@@ -35,20 +38,6 @@ from .world import World
 NET = "10.77.0"
 API_SERVER = f"https://{NET}.1:6443"
 NODES = (("node-a", 11, 10250, 201), ("node-b", 12, 10260, 202))   # name, address, port, pods
-
-
-class Daemon:
-    """A process of the control plane, in its namespace, its output in a log."""
-
-    def __init__(self, netns: NetNS, log: Path, *cmd: str) -> None:
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(["nsenter", f"--net={netns.path}", *cmd], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.log.stem} exited:\n{self.log.read_text()[-3000:]}")
 
 
 class KubeCluster:
@@ -63,6 +52,7 @@ class KubeCluster:
         self.daemons: list[Daemon] = []
         self.sysctls_at_start = self.host_sysctls()
         self.nodes: dict[str, KubeNode] = {}
+        self.proxies: list[Daemon] = []
         self.registry: Registry | None = None
         self.workload_image = ""
         self.cp = NetNS("torpor-kcp")    # last: stop() removes it
@@ -70,7 +60,9 @@ class KubeCluster:
 
     @staticmethod
     def host_sysctls() -> dict[str, str]:
-        return {entry: (Path("/proc/sys") / entry).read_text() for entry in SYSCTLS}
+        """The host's settings kubelet and kube-proxy would change on a node of their own."""
+        return {entry: (Path("/proc/sys") / entry).read_text()
+                for entry in (*SYSCTLS, "net/netfilter/nf_conntrack_max")}
 
     @property
     def ca(self) -> Path:
@@ -100,6 +92,11 @@ class KubeCluster:
             node.start(self.pki, API_SERVER)
         for node in self.nodes.values():
             self._wait_ready(node)
+        kube_network.route_between(list(self.nodes.values()))
+        self.daemons.append(kube_network.start_controller_manager(self.pki, API_SERVER, self.cp,
+                                                                  self.base))
+        self.proxies = [kube_network.start_proxy(self.pki, API_SERVER, node)
+                        for node in self.nodes.values()]
         return self
 
     def _wait_ready(self, node: KubeNode) -> None:
@@ -189,9 +186,11 @@ class KubeCluster:
     # clean-up ---------------------------------------------------------------------------------
 
     def stop(self) -> None:
+        for proxy in self.proxies:
+            stop(proxy.proc)
         for node in reversed(list(self.nodes.values())):
             node.stop()
-        for daemon in reversed(self.daemons):     # kube-apiserver before etcd
+        for daemon in reversed(self.daemons):     # kube-apiserver before etcd, its clients first
             stop(daemon.proc, timeout=5)
         if self.registry is not None:
             self.registry.stop()

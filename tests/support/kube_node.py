@@ -120,3 +120,17 @@ def join_bridge(netns: NetNS, bridge_netns: NetNS, bridge: str, address: str) ->
     ip("link", "set", outer, "master", bridge, "up", netns=bridge_netns.name)
     ip("addr", "add", address, "dev", inner, netns=netns.name)
     ip("link", "set", inner, "up", netns=netns.name)
+
+
+class Daemon:
+    """A process of the control plane, in its namespace, its output in a log."""
+
+    def __init__(self, netns: NetNS, log: Path, *cmd: str) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(["nsenter", f"--net={netns.path}", *cmd], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.log.stem} exited:\n{self.log.read_text()[-3000:]}")
