@@ -15,9 +15,9 @@
 #                       built from its pinned module like the tools below
 #   bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, built from pinned Go modules
 #                       (packaging/go/<tool>/: go.mod and go.sum, the hashes the toolchain checks)
-#   kubernetes/bin/     kubelet, kube-apiserver, kubectl (v1.37.x) and etcd, from one pinned module
-#                       graph: the test cluster's (about 9 CPU-minutes and 3.7 GB of build
-#                       cache, built once)
+#   kubernetes/bin/     kubelet, kube-apiserver, kubectl, kube-controller-manager, kube-proxy
+#                       (v1.37.x) and etcd, from one pinned module graph: the test cluster's
+#                       (about 10 CPU-minutes and 3.7 GB of build cache, built once)
 #   go/                 Debian sid's Go, only where the machine has no go new enough
 #
 # Every step checks first and skips work already done: a second run takes seconds.
@@ -50,7 +50,7 @@ GO_TOOLS=(
     # builds them without cgo and btrfs the same way)
     "containerd-2.4|github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2|0|no_btrfs|github.com/containerd/containerd/v2/version.Version={v} github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
     # PACKAGE=NAME names a binary (etcd's main package is .../server/v3); kubelet's build tags
-    # and -X settings as Kubernetes' own build makes them, cgo for all four (kubelet needs it)
+    # and -X settings as Kubernetes' own build makes them, cgo for all (kubelet needs it)
     "kubernetes|k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy go.etcd.io/etcd/server/v3=etcd|1|selinux notest grpcnotrace|k8s.io/component-base/version.gitVersion={v} k8s.io/client-go/pkg/version.gitVersion={v}|heavy"
 )
 PREFIX=${TORPOR_PREFIX:-/usr/local}

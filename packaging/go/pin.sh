@@ -8,15 +8,16 @@
 #   packaging/go/pin.sh cosign github.com/sigstore/cosign/v2/cmd/cosign@v2.6.5
 #   packaging/go/pin.sh kubernetes k8s.io/kubernetes/cmd/kubelet@v1.37.2 \
 #       k8s.io/kubernetes/cmd/kube-apiserver@v1.37.2 k8s.io/kubernetes/cmd/kubectl@v1.37.2 \
-#       go.etcd.io/etcd/server/v3@v3.7.0
+#       k8s.io/kubernetes/cmd/kube-controller-manager@v1.37.2 \
+#       k8s.io/kubernetes/cmd/kube-proxy@v1.37.2 go.etcd.io/etcd/server/v3@v3.7.0
 #
 # Rewrites packaging/go/TOOL/go.mod and go.sum from the tools' own requirements (their go.mod, as
 # the Go proxy serves it), keeping the module line and any replace lines, then lists every
 # package the build needs with -mod=readonly to prove go.sum holds every hash the build needs
-# (one small tool is also built once). The go.sum hashes are the pin: review the diff; no
+# (a tool of one package is also built once). The go.sum hashes are the pin: review the diff; no
 # checksum database is asked (none may be reachable from here).
 set -euo pipefail
-[ $# -ge 2 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
 tool=$1
 shift
 dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$tool"
