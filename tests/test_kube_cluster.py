@@ -8,7 +8,7 @@ node proxy to kubelet's checkpoint API; `torpor kube image` on node A turns kube
 into the image a pod restores from, pushed to the registry both nodes use; a new pod on node B
 from that image: the counter continues, the emptyDir's and /dev/shm's files are back, and once
 the original is deleted its Service reaches the new pod, whose memory holds what a client
-stored in the original.
+stored in the original. A pod with a sidecar moves the same way, container by container.
 """
 
 from __future__ import annotations
@@ -85,23 +85,25 @@ def wait_running(kube: KubeCluster, name: str, timeout: float = 120) -> dict[str
     return found
 
 
-def pod_exec(kube: KubeCluster, name: str, *cmd: str) -> str:
-    return kube.kubectl("exec", name, "-c", "counter", "--", *cmd).strip()
+def pod_exec(kube: KubeCluster, name: str, *cmd: str, container: str = "counter") -> str:
+    return kube.kubectl("exec", name, "-c", container, "--", *cmd).strip()
 
 
-def counter(kube: KubeCluster, name: str) -> int:
-    return int(pod_exec(kube, name, "cat", "/tmp/count"))
+def counter(kube: KubeCluster, name: str, container: str = "counter") -> int:
+    return int(pod_exec(kube, name, "cat", "/tmp/count", container=container))
 
 
-def counter_above(kube: KubeCluster, name: str, value: int, timeout: float = 30) -> int:
+def counter_above(kube: KubeCluster, name: str, value: int, timeout: float = 30,
+                  container: str = "counter") -> int:
     def above() -> int | None:
         try:
-            current = counter(kube, name)
+            current = counter(kube, name, container)
         except (AssertionError, ValueError):
             return None
         return current if current > value else None
 
-    found = wait_for(above, timeout=timeout, interval=0.3, what=f"{name}'s counter > {value}")
+    found = wait_for(above, timeout=timeout, interval=0.3,
+                     what=f"{name}/{container}'s counter > {value}")
     assert isinstance(found, int)
     return found
 
@@ -118,6 +120,21 @@ def endpoints(kube: KubeCluster, service: str) -> list[str]:
                                      f"kubernetes.io/service-name={service}", "-o", "json"))
     return sorted(address for s in slices["items"] for e in s.get("endpoints") or []
                   if e.get("conditions", {}).get("ready") for address in e["addresses"])
+
+
+def make_image(kube: KubeCluster, archive: Path, name: str) -> str:
+    """`torpor kube image` of a kubelet archive on node A (its containerd), pushed over TLS to
+    the cluster's registry; the image's reference."""
+    assert kube.registry is not None
+    ref = f"{kube.registry.host}/checkpoints/{name}:1"
+    node_a = kube.nodes["node-a"]
+    made = subprocess.run(["nsenter", f"--net={node_a.netns.path}",
+                           str(kube.world.bin / "torpor"), "kube", "image", str(archive),
+                           "-t", ref, "--ca-file", str(kube.ca)],
+                          capture_output=True, text=True, timeout=300,
+                          env=node_a.containerd.env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    return ref
 
 
 def restarts(found: dict[str, Any]) -> int:
@@ -147,15 +164,7 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
     assert archive.parent == kube.nodes["node-a"].checkpoints() and archive.is_file()
     assert counter_above(kube, "counter", before) > before    # it kept running
 
-    # the image a pod restores from, made on node A (its containerd), pushed over TLS
-    assert kube.registry is not None
-    ref = f"{kube.registry.host}/checkpoints/counter:1"
-    made = subprocess.run(["nsenter", f"--net={node_a.netns.path}",
-                           str(kube.world.bin / "torpor"), "kube", "image", str(archive),
-                           "-t", ref, "--ca-file", str(kube.ca)],
-                          capture_output=True, text=True, timeout=300,
-                          env=node_a.containerd.env)
-    assert made.returncode == 0, made.stdout + made.stderr
+    ref = make_image(kube, archive, "counter")
 
     # a new pod on node B from that image: the counter goes on, the files are back
     kube.apply(pod("counter-moved", "node-b", ref, "torpor", None))
@@ -185,3 +194,37 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
         kube.kubectl("delete", "pod", name, "--wait=false")
     # kubelet and kube-proxy wanted other kernel settings: the host's were never written
     assert kube.host_sysctls() == kube.sysctls_at_start
+
+
+def test_a_pod_with_a_sidecar_moves_container_by_container(kube: KubeCluster) -> None:
+    """kubelet checkpoints one container per call: each of a two-container pod's containers
+    (the instants differ), each turned into its image, and one pod on node B with both."""
+    kube.kubectl("apply", "-f", str(RUNTIME_CLASS))
+    sidecar = ["sh", "-c", "echo side > /data/side; " + COUNTER]
+    spec = pod("pair", "node-a", kube.workload_image, "torpor", WORKLOAD, app="pair")
+    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
+                                       "command": sidecar})
+    kube.apply(spec)
+    wait_running(kube, "pair")
+    refs = {}
+    for name in ("counter", "sidecar"):
+        before = counter_above(kube, "pair", 5, container=name)
+        answer = json.loads(kube.kubectl(
+            "create", "--raw", f"/api/v1/nodes/node-a/proxy/checkpoint/default/pair/{name}"
+            "?timeout=120", "-f", "/dev/null"))
+        refs[name] = (make_image(kube, Path(answer["items"][0]), f"pair-{name}"), before)
+
+    moved = pod("pair-moved", "node-b", refs["counter"][0], "torpor", None, app="pair-moved")
+    moved["spec"]["containers"].append({**moved["spec"]["containers"][0], "name": "sidecar",
+                                        "image": refs["sidecar"][0]})
+    kube.apply(moved)
+    wait_running(kube, "pair-moved")
+    for name, (_, before) in refs.items():
+        first = counter(kube, "pair-moved", container=name)
+        assert first >= before, f"{name} restarted on node B: {first} < {before}"
+        counter_above(kube, "pair-moved", first, container=name)
+    assert pod_exec(kube, "pair-moved", "cat", "/data/note", "/data/side") == "kept\nside"
+    statuses = kube.pod("pair-moved")["status"]["containerStatuses"]
+    assert [s["restartCount"] for s in statuses] == [0, 0], json.dumps(statuses)
+    for name in ("pair", "pair-moved"):
+        kube.kubectl("delete", "pod", name, "--wait=false")
