@@ -26,7 +26,7 @@ from typing import Any
 
 from . import ecosystem, images
 from .containerd import Node
-from .netns import ip
+from .netns import NetNS, ip
 from .processes import wait_for
 from .registry import Registry
 
@@ -59,9 +59,10 @@ class CriNode(Node):
         return super()._config_text() + NODE_CRI_CONFIG.format(sandbox=self.sandbox_image)
 
     def start(self) -> CriNode:
-        ip("link", "add", self.bridge, "type", "bridge")
-        ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
-        ip("link", "set", self.bridge, "up")
+        netns = self.netns.name if self.netns else None    # where containerd runs CNI
+        ip("link", "add", self.bridge, "type", "bridge", netns=netns)
+        ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge, netns=netns)
+        ip("link", "set", self.bridge, "up", netns=netns)
         conf_dir = self.root / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
         (conf_dir / "10-torpor-test.conflist").write_text(json.dumps({
@@ -84,7 +85,8 @@ class CriNode(Node):
                 crictl("stopp", pod, check=False)
                 crictl("rmp", "-f", pod, check=False)
         super().stop()
-        ip("link", "del", self.bridge, check=False)
+        ip("link", "del", self.bridge, netns=self.netns.name if self.netns else None,
+           check=False)
 
 
 def start_node(base: Path, name: str, bin_dir: Path, torpor_config: Path, refs: dict[str, str],
@@ -184,10 +186,13 @@ def container_config(name: str, image: str, command: list[str] | None,
     return config
 
 
-def push_layout(layout: Path, ref: str, name: str | None = None) -> None:
-    """An OCI layout's image into a registry (plain HTTP), with skopeo."""
+def push_layout(layout: Path, ref: str, name: str | None = None,
+                netns: NetNS | None = None) -> None:
+    """An OCI layout's image into a registry (plain HTTP or unverified TLS), with skopeo
+    (from `netns` when the registry is there)."""
     source = f"oci:{layout}" + (f":{name}" if name else "")
-    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", source,
+    enter = ["nsenter", f"--net={netns.path}"] if netns else []
+    subprocess.run([*enter, "skopeo", "copy", "--quiet", "--dest-tls-verify=false", source,
                     f"docker://{ref}"], check=True, capture_output=True, timeout=120)
 
 

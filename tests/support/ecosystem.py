@@ -6,6 +6,8 @@ Everything lives in a private prefix, `$TORPOR_PREFIX/lib/torpor-deps` (TORPOR_P
     containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x (2.1)
     containerd-2.4/bin/ the same of containerd 2.4, built from its pinned Go module
     bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, cosign
+    kubernetes/bin/     kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager and
+                        kube-proxy (the test cluster's)
 
 Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others by version
 (`CONTAINERD_VERSIONS`, `RUNC_VERSIONS`).
@@ -24,11 +26,14 @@ SBIN = PREFIX / "sbin"
 CONTAINERD2_BIN = DEPS / "containerd-2" / "bin"
 CONTAINERD24_BIN = DEPS / "containerd-2.4" / "bin"
 TOOLS_BIN = DEPS / "bin"
+KUBE_BIN = DEPS / "kubernetes" / "bin"
 
 # The names a test or `pytest --containerd/--runc` uses for each version.
 CONTAINERD_VERSIONS = ("1.6", "2", "2.4")
 RUNC_VERSIONS = ("1.1", "1.3")
 TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl", "cosign")
+KUBE_TOOLS = ("kubelet", "kube-apiserver", "kubectl", "etcd", "kube-controller-manager",
+              "kube-proxy")
 
 
 def containerd_bin(version: str) -> Path | None:
@@ -52,6 +57,14 @@ def tool(name: str) -> Path:
     return TOOLS_BIN / name
 
 
+def kube_binary(name: str) -> Path:
+    """kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager or kube-proxy, built by
+    install-deps.sh."""
+    if name not in KUBE_TOOLS:
+        raise ValueError(f"{name!r} is not one of the Kubernetes binaries install-deps.sh builds")
+    return KUBE_BIN / name
+
+
 def search_path() -> str:
     """PATH, then where install-deps.sh puts CRIU, then the sbin directories root's PATH may lack."""
     return ":".join([os.environ.get("PATH", ""), str(SBIN), "/usr/local/sbin", "/usr/sbin"])
@@ -68,3 +81,9 @@ def missing() -> list[str]:
               for name in ("containerd", "ctr", "containerd-shim-runc-v2")]
     wanted += [tool(name) for name in TOOLS]
     return [str(path) for path in wanted if not os.access(path, os.X_OK)]
+
+
+def kube_missing() -> list[str]:
+    """The Kubernetes binaries install-deps.sh should have built here and did not."""
+    return [str(kube_binary(name)) for name in KUBE_TOOLS
+            if not os.access(kube_binary(name), os.X_OK)]

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .netns import NetNS
 from .processes import free_port, port_open, stop, wait_for
 
 CONFIG = """\
@@ -36,7 +37,7 @@ storage:
     uploadpurging:
       enabled: false
 http:
-  addr: 127.0.0.1:{port}
+  addr: {listen}:{port}
   secret: torpor-test-secret
 {tls}{auth}{middleware}"""
 
@@ -90,16 +91,23 @@ def self_signed_certificate(directory: Path, common_name: str = "127.0.0.1") -> 
 class Registry:
     def __init__(self, base: Path, name: str, *, users: dict[str, str] | None = None, tls: bool = False,
                  token_auth: dict[str, str] | None = None, delete: bool = True,
-                 redirect_blobs: str | None = None, proxy_of: str | None = None) -> None:
-        """`proxy_of`: a URL; this one is then a pull-through cache of that registry."""
+                 redirect_blobs: str | None = None, proxy_of: str | None = None,
+                 netns: NetNS | None = None, address: str = "127.0.0.1",
+                 certificate: tuple[Path, Path] | None = None) -> None:
+        """`proxy_of`: a URL; this one is then a pull-through cache of that registry. `netns`:
+        it runs there, on every address, and is named by `address`; `certificate`: (cert, key)
+        to serve TLS with (its CA is the caller's)."""
         self.dir = base / name
         self.dir.mkdir(parents=True)
         self.storage = self.dir / "storage"
-        self.port = free_port()
-        self.host = f"127.0.0.1:{self.port}"
+        self.netns = netns
+        self.port = 5000 if netns else free_port()   # a new namespace has every port free
+        self.host = f"{address}:{self.port}"
         self.ca_file: Path | None = None
         tls_section = auth_section = ""
-        if tls:
+        if certificate:
+            tls_section = TLS.format(cert=certificate[0], key=certificate[1])
+        elif tls:
             cert, key = self_signed_certificate(self.dir)
             self.ca_file = cert
             tls_section = TLS.format(cert=cert, key=key)
@@ -113,6 +121,7 @@ class Registry:
             auth_section = TOKEN_AUTH.format(**token_auth)
         self.config = self.dir / "config.yml"
         self.config.write_text(CONFIG.format(storage=self.storage, port=self.port, tls=tls_section,
+                                             listen="0.0.0.0" if netns else "127.0.0.1",
                                              auth=auth_section, delete=str(delete).lower(),
                                              middleware=(REDIRECT_BLOBS.format(baseurl=redirect_blobs)
                                                          if redirect_blobs else "")
@@ -122,11 +131,17 @@ class Registry:
 
     def start(self) -> Registry:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(["docker-registry", "serve", str(self.config)],
+            enter = ["nsenter", f"--net={self.netns.path}"] if self.netns else []
+            self.proc = subprocess.Popen([*enter, "docker-registry", "serve", str(self.config)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(lambda: port_open("127.0.0.1", self.port) or self._died(), timeout=20,
+        wait_for(lambda: self._listening() or self._died(), timeout=20,
                  what=f"docker-registry on {self.host}")
         return self
+
+    def _listening(self) -> bool:
+        if self.netns is not None:   # its port is in another namespace: it says when it listens
+            return "listening on" in self.log_text()
+        return port_open("127.0.0.1", self.port)
 
     def _died(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
