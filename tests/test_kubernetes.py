@@ -90,10 +90,11 @@ class Running:
 def run_counter(cluster: Cluster, node: cri.CriNode, name: str, handler: str,
                 image: str | None = None) -> Running:
     """A pod with the counter workload (or a restore of `image`), its /data on a fresh host
-    directory, the way kubelet mounts an emptyDir."""
+    directory where kubelet puts an emptyDir (torpor restores a saved volume into a pod's
+    emptyDir, never into a hostPath the pod's author chose)."""
     crictl = cluster.crictl(node)
-    data = cluster.work / f"{name}-data"
-    data.mkdir()
+    data = cluster.work / "pods" / name / "volumes" / "kubernetes.io~empty-dir" / "data"
+    data.mkdir(parents=True)
     pod = crictl.run_pod(cluster.work, name, handler)
     container = crictl.create(pod, cluster.work, name, image or cluster.refs["workload"],
                               None if image else WORKLOAD, {"/data": data})
@@ -188,6 +189,19 @@ def test_kubelet_checkpoint_restores_in_new_pods_on_one_node_and_across_two(
     assert refused.returncode != 0
     assert "descriptors.json: no such file or directory" in refused.stderr, refused.stderr
     assert crictl.state(container) != "CONTAINER_RUNNING"
+    crictl("rmp", "-f", pod)
+
+    # a torpor checkpoint restored into a pod that mounts a host path of its author's choosing
+    # where the checkpoint saved a volume: refused in words, the host path left as it was
+    host_path = cluster.work / "a-host-path"
+    host_path.mkdir()
+    pod = crictl.run_pod(cluster.work, "host-path", "torpor")
+    container = crictl.create(pod, cluster.work, "host-path", str(archives["torpor"]), None,
+                              {"/data": host_path})
+    refused = crictl.run("start", container, check=False)
+    assert refused.returncode != 0
+    assert "which neither kubelet made for the pod" in refused.stderr, refused.stderr
+    assert list(host_path.iterdir()) == []
     crictl("rmp", "-f", pod)
 
     # what checkpointctl (issue 16) and `torpor inspect` make of kubelet's archive from torpor

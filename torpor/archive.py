@@ -197,9 +197,10 @@ def _empty_dir(target: Target, rel: str) -> None:
 # Extracting ----------------------------------------------------------------------------------
 
 def extract(source: str, target: str, mode: Mode = "volume", *, devices: bool = False,
-            limits: ArchiveLimits | None = None) -> int:
+            limits: ArchiveLimits | None = None, setid: bool = True) -> int:
     """Extract the tar file `source` into `target`; returns entries written. A directory that
-    extract made is removed again if extraction fails."""
+    extract made is removed again if extraction fails. `setid=False`: no setuid or setgid bit
+    is written (content from whoever made the archive, into a place another chose)."""
     limits = limits or ArchiveLimits()
     made = not os.path.exists(target)
     try:
@@ -209,6 +210,9 @@ def extract(source: str, target: str, mode: Mode = "volume", *, devices: bool = 
     try:
         with tar:
             entries = read_members(tar, mode, devices, limits, os.path.getsize(source))
+            if not setid:
+                for member, _ in entries:
+                    member.mode &= ~(stat.S_ISUID | stat.S_ISGID)
             root = Target(target)
             try:
                 return _write_all(tar, root, entries, mode)

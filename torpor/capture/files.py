@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from torpor.archive import ArchiveLimits
-from torpor.capture import rootfs, volumes
+from torpor.capture import pod, rootfs, volumes
 from torpor.config import Config
 from torpor.formats import annotations as ann
 from torpor.formats import names
@@ -56,10 +56,19 @@ def save(pid: int, spec: OciSpec, policy: FilePolicy, image_path: str, log: Log)
 
 
 def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
-            limits: ArchiveLimits | None = None, devices: bool = False) -> None:
+            limits: ArchiveLimits | None = None, devices: bool = False,
+            engine_made: bool = False, mount_sources: tuple[str, ...] = ()) -> None:
     """The read-write layer (when it travelled in the image directory, as with ctr), the
     volumes and /dev/shm, into the restore-time rootfs and bind sources. The caller has checked
-    the spec against the restore policy (its root is the bundle's rootfs)."""
+    the spec against the restore policy (its root is the bundle's rootfs).
+
+    `engine_made`: the spec is the one the engine made for the new container (a Kubernetes
+    restore, a restore on create), so its bind sources were chosen by whoever wrote the pod or
+    ran the container, not checked by the policy. Then a saved volume is never written into a
+    read-only mount, nor with setuid or setgid bits; and in a pod (kubelet's spec, whose
+    hostPath volumes the pod's author picks) only into what kubelet and containerd made for
+    this pod (emptyDir volumes, the sandbox's /dev/shm) or a source under `[restore]
+    mount_sources` (`mount_sources`)."""
     from torpor import archive
     from torpor.errors import RestoreError
 
@@ -71,12 +80,37 @@ def restore(spec: OciSpec, bundle: str, image_path: str, files: SavedFiles,
     if files.rootfs and os.path.exists(diff) and root == "rootfs":
         archive.extract(diff, os.path.join(bundle, root), mode="layer", devices=devices,
                         limits=limits)
-    sources = {str(m.get("destination", "")).rstrip("/") or "/": m.get("source")
-               for m in spec.get("mounts") or [] if volumes.is_bind(m)}
+    mounts = {str(m.get("destination", "")).rstrip("/") or "/": m
+              for m in spec.get("mounts") or [] if volumes.is_bind(m)}
     saved = [*files.volumes, *([files.dev_shm] if files.dev_shm else [])]
+    in_pod = pod.in_pod(spec)
     for volume in saved:
-        source = sources.get(volume.destination)
+        mount = mounts.get(volume.destination)
+        source = str(mount.get("source") or "") if mount else ""
         if not source:
             raise RestoreError(f"the checkpoint saved volume {volume.destination}, but the "
                                "restore-time spec has no bind mount there")
-        volumes.restore(volume, image_path, source, limits, devices)
+        if engine_made:
+            refuse_engine_source(volume.destination, source, mount or {}, in_pod, mount_sources)
+        volumes.restore(volume, image_path, source, limits, devices, setid=not engine_made)
+
+
+def refuse_engine_source(destination: str, source: str, mount: dict[str, object], in_pod: bool,
+                         mount_sources: tuple[str, ...]) -> None:
+    """RestoreError unless a saved volume may be written at `source` of a spec the engine made
+    (see restore)."""
+    from torpor.capture.restore_policy import under
+    from torpor.errors import RestoreError
+
+    options = mount.get("options")
+    if isinstance(options, list) and "ro" in options:
+        raise RestoreError(f"the checkpoint saved volume {destination}, but the new container "
+                           f"mounts it read-only (from {source}): torpor does not write there",
+                           hint="mount it read-write, or start the container cold")
+    if in_pod and not (pod.made_for_pod(source) or under(source, mount_sources)):
+        raise RestoreError(f"the checkpoint saved volume {destination}, but the pod mounts "
+                           f"{source} there, which neither kubelet made for the pod (emptyDir, "
+                           "/dev/shm) nor [restore] mount_sources names: torpor does not write "
+                           "the checkpoint's files into a host path a pod chose",
+                           hint="use an emptyDir for it, or name the path in [restore] "
+                                "mount_sources")

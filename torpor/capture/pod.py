@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 from collections.abc import Iterable, Sequence
 
@@ -39,6 +40,20 @@ TCP_UNCONNECTED = ("listen", "close")
 def in_pod(spec: OciSpec) -> bool:
     """A container (not a sandbox) that containerd's CRI plugin created."""
     return (spec.get("annotations") or {}).get(ann.CRI_CONTAINER_TYPE) == "container"
+
+
+# What kubelet and containerd's CRI make for one pod: its emptyDir volumes, and its sandbox's
+# /dev/shm (a tmpfs of the sandbox's own)
+MADE_FOR_POD = re.compile(r"/volumes/kubernetes\.io~empty-dir/[^/]+\Z"
+                          r"|/io\.containerd\.grpc\.v1\.cri/sandboxes/[^/]+/shm\Z")
+
+
+def made_for_pod(source: str) -> bool:
+    """Whether a bind source is one kubelet or containerd made for the pod, not a host path
+    the pod's author chose (hostPath)."""
+    source = source.rstrip("/")
+    return (source.startswith("/") and ".." not in source.split("/")
+            and MADE_FOR_POD.search(source) is not None)
 
 
 def hide_descriptors(image_path: str) -> None:

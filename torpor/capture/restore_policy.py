@@ -151,6 +151,11 @@ def check(requests: SpecRequests, policy: RestorePolicy, grants: UserGrants = Us
                            hint="torpor inspect shows what a restore would grant")
 
 
+def under(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether `path` (absolute, no '..') is one of `prefixes` or below one."""
+    return _under(path, prefixes)
+
+
 def _under(path: str, prefixes: tuple[str, ...]) -> bool:
     if not path.startswith("/") or ".." in path.split("/"):
         return False
@@ -288,6 +293,26 @@ def check_in_runtime(requests: SpecRequests, policy: RestorePolicy,
         return True
     check(requests, policy)
     return False
+
+
+# annotations that act at a restore and at nothing else: an engine's create passes them to runc,
+# which ignores them there, and to `runc restore`, which hands org.criu.config to CRIU
+RESTORE_ONLY_ANNOTATIONS = ("org.criu.", "io.torpor.restore.")
+
+
+def check_engine_made(requests: SpecRequests, policy: RestorePolicy) -> None:
+    """A spec the engine made for the restored container (kubelet's for a Kubernetes restore,
+    ctr's, nerdctl's or kubelet's for a restore on create) is the node's own, as a new
+    container's would be, but for what acts only at a restore: an annotation that runc hands
+    to CRIU (a configuration file whose action scripts run as root) or that torpor-runc restore
+    acts on is the policy's to allow, as in any restore. RestoreError naming each."""
+    refused = [v for a in requests.annotations if a.key.startswith(RESTORE_ONLY_ANNOTATIONS)
+               for v in (_annotation_verdict(a, policy, UserGrants()),) if not v.allowed_by]
+    if refused:
+        lines = "\n".join(f"  - {v.what} (allow with: {v.remedy})" for v in refused)
+        raise RestoreError("the new container's spec asks, for its restore, for what this "
+                           f"node's restore policy does not allow:\n{lines}",
+                           hint="drop the annotation, or start the container cold")
 
 
 CRI_PLUGIN_DIR = "io.containerd.grpc.v1.cri"

@@ -94,7 +94,8 @@ def save(volume: SavedVolume, image_path: str) -> SavedVolume:
 
 
 def restore(volume: SavedVolume, image_path: str, source: str,
-            limits: archive.ArchiveLimits | None = None, devices: bool = False) -> None:
+            limits: archive.ArchiveLimits | None = None, devices: bool = False,
+            setid: bool = True) -> None:
     """Put a saved volume's content back at `source` (the restore-time bind source, which the
     restore policy allowed). Nothing is followed out of it; a file volume is staged in a private
     directory of unpredictable name beside it and renamed into place."""
@@ -111,13 +112,13 @@ def restore(volume: SavedVolume, image_path: str, source: str,
     if not os.path.isfile(path) or os.path.islink(path):
         raise RestoreError(f"the checkpoint lacks {volume.archive} for volume {volume.destination}")
     if volume.kind == "dir":
-        archive.extract(path, source, mode="volume", devices=devices, limits=limits)
+        archive.extract(path, source, mode="volume", devices=devices, limits=limits, setid=setid)
         return
     if volume.kind != "file":
         raise RestoreError(f"volume {volume.destination} is of unknown kind {volume.kind!r}")
     staging = tempfile.mkdtemp(prefix=".torpor-restore-", dir=os.path.dirname(source) or "/")
     try:
-        archive.extract(path, staging, mode="strict", limits=limits)
+        archive.extract(path, staging, mode="strict", limits=limits, setid=setid)
         entries = os.listdir(staging)
         if len(entries) != 1 or not os.path.isfile(os.path.join(staging, entries[0])):
             raise RestoreError(f"{volume.archive} should hold one file, not {len(entries)} entries")

@@ -20,6 +20,7 @@ CRIU's restore log is kept in `[runtime] log_dir`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -74,9 +75,16 @@ def run(ctx: Context) -> int:
     namespace = os.environ.get("NAMESPACE") or os.path.basename(os.path.dirname(bundle))
     from torpor.capture.restore_policy import ON_CREATE_DIR
 
-    work = os.path.join(ctx.cfg.runtime_state_dir, ON_CREATE_DIR,
-                        f"{namespace}-{container_id}-{secrets.token_hex(8)}")
-    os.makedirs(work, mode=0o700)
+    names.check_identifier(container_id, "the container id")
+    names.check_identifier(namespace, "the containerd namespace")
+    root = os.path.join(ctx.cfg.runtime_state_dir, ON_CREATE_DIR)
+    sweep(root)
+    name = f"{namespace}-{container_id}-{secrets.token_hex(8)}"
+    os.makedirs(os.path.join(root, f".{name}"), mode=0o700)
+    held = os.open(os.path.join(root, f".{name}"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(held, fcntl.LOCK_EX)   # this create's: sweep leaves it while it lives
+    work = os.path.join(root, name)
+    os.rename(os.path.join(root, f".{name}"), work)   # only now a name sweep looks at
     try:
         source = on_create.source_of(on_create.containerd_address(os.environ), namespace,
                                      container_id)
@@ -99,10 +107,42 @@ def run(ctx: Context) -> int:
             deadlines.remove_criu_yards(os.path.join(work, "criu-work"))
         if code != 0:
             return code
-        mark(inv, container_id)
+        try:
+            mark(inv, container_id)
+        except OSError:   # a restored container create cannot report is no container at all
+            runc.delete_force(ctx.runtime, inv, container_id)
+            raise
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(held)
+
+
+def sweep(root: str) -> None:
+    """Remove what creates killed mid-restore left under `root` (the shim SIGKILLs torpor-runc
+    when containerd's call times out): their unpacked checkpoints, the workload's memory."""
+    try:
+        entries = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for name in entries:
+        if name.startswith("."):
+            continue   # being made
+        path = os.path.join(root, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue   # a create under way
+        finally:
+            os.close(fd)
+        from torpor.capture import deadlines
+
+        deadlines.remove_criu_yards(os.path.join(path, "criu-work"))
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def mark(inv: Invocation, container_id: str) -> None:

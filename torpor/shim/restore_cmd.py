@@ -130,14 +130,17 @@ def run(ctx: Context) -> int:
     record = records.record_dir(ctx.cfg.runtime_state_dir, bundle, container_id)
     # what Podman made for the container itself (its root, its files) is not the checkpoint's
     requests = own_engine.requests_of(config, bundle, container_id, restoring=True)
-    sealed = restore_policy.built_by_cri(image_path, container_id) or \
-        restore_policy.built_for_create(image_path, ctx.cfg.runtime_state_dir) or (
+    engine_made = restore_policy.built_by_cri(image_path, container_id) or \
+        restore_policy.built_for_create(image_path, ctx.cfg.runtime_state_dir)
+    sealed = engine_made or (
         state is not None and bool(state.spec_seal) and any(
             restore_policy.sealed_here(restore_policy.node_key(ctx.cfg, ctx.log),
                                        sealed_requests, state.spec_seal)
             for sealed_requests in {requests, SpecRequests.of(config)}))  # and older seals
     work = granting_work_dir(ctx)
     policy = restore_policy.RestorePolicy.of(ctx.cfg)
+    if engine_made:
+        restore_policy.check_engine_made(requests, policy)
     own = restore_policy.check_in_runtime(requests, policy,
                                           restore_policy.take_grant(work) if work else None,
                                           sealed_here=sealed)
@@ -172,7 +175,8 @@ def run(ctx: Context) -> int:
             changed = True
         pod.reveal_descriptors(image_path)
         files.restore(config, bundle, image_path, state.files,
-                      restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files)
+                      restore_policy.archive_limits(ctx.cfg), ctx.cfg.restore_allow_device_files,
+                      engine_made=engine_made, mount_sources=policy.mount_sources)
         check_images(ctx, image_path, config, bundle)
         if changed:
             spec.flush(bundle, config)
@@ -208,6 +212,8 @@ def check_images(ctx: Context, image_path: str, config: OciSpec, bundle: str) ->
 
     root = str((config.get("root") or {}).get("path") or "rootfs")
     criu_images.check(image_path, config, ctx.cfg, root=os.path.join(bundle, root))
+
+
 def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = False) -> int:
     """`runc restore` (step 7, or all of a `plain` runc checkpoint's restore), with its
     deadline when detached: runc then returns once CRIU is done (in the foreground it lives as

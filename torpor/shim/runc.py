@@ -67,10 +67,20 @@ def run_within(runtime: str, argv: list[str], limit_s: float) -> int | None:
     started and what CRIU started (torpor.deadlines) are killed."""
     from torpor.capture import deadlines
 
-    proc = subprocess.Popen([runtime, *argv[1:]], close_fds=False)
+    proc = subprocess.Popen([runtime, *argv[1:]], close_fds=False,
+                            preexec_fn=_die_with_parent)
     if deadlines.wait(proc, limit_s) is None:
         return None
     return proc.returncode
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when torpor-runc dies (the shim kills it when containerd's call
+    times out), so that no runc restore, and no container, goes on that nobody manages."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 def delete_force(runtime: str, inv: Invocation, container_id: str) -> None:
