@@ -297,9 +297,11 @@ static int config_runtime(char *text, char *out, size_t size, int *on_create) {
     return 1;
 }
 
-/* The value of a flag of the subcommand (`--name V`, `--name=V`, `-name V`, `-name=V`). */
+/* The value of a flag of the subcommand (`--name V`, `--name=V`, `-name V`, `-name=V`); the
+ * last one given wins, as in runc. */
 static const char *flag_value(int argc, char **argv, int command, const char *name) {
     size_t len = strlen(name);
+    const char *found = NULL;
     for (int i = command + 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--") == 0 || arg[0] != '-')
@@ -308,11 +310,11 @@ static const char *flag_value(int argc, char **argv, int command, const char *na
         if (strncmp(body, name, len) != 0)
             continue;
         if (body[len] == '=')
-            return body + len + 1;
-        if (body[len] == '\0' && i + 1 < argc)
-            return argv[i + 1];
+            found = body + len + 1;
+        else if (body[len] == '\0' && i + 1 < argc)
+            found = argv[++i];
     }
-    return NULL;
+    return found;
 }
 
 /* Whether the file holds `needle` (read whole, up to 16 MiB). */
@@ -360,8 +362,10 @@ static int on_create_call(int argc, char **argv, int command) {
         const char *root = RUNC_ROOT;
         for (int i = 1; i < command; i++) {
             const char *arg = argv[i];
+            if (arg[0] != '-')
+                continue;
             const char *body = arg + (arg[1] == '-' ? 2 : 1);
-            if (arg[0] == '-' && strncmp(body, "root", 4) == 0) {
+            if (strncmp(body, "root", 4) == 0) {
                 if (body[4] == '=')
                     root = body + 5;
                 else if (body[4] == '\0' && i + 1 < command)
