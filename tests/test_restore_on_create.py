@@ -201,6 +201,28 @@ def test_an_unsigned_checkpoint_is_refused_in_words_and_leaves_nothing(
     assert "oc-unsigned" not in b.ctr("snapshots", "ls").stdout
 
 
+def test_a_checkpoint_is_restored_only_onto_its_own_root_filesystem(
+        pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
+    """The container was made from one image; by its start its name points at another (a pull
+    in between): the signed checkpoint the name now names is not restored over the first
+    image's files. Refused in words, nothing left."""
+    b = pair.b
+    refs = images["refs"]
+    pair.policy("signed", trusted=keys / "signer.pub")
+    try:
+        b.ctr("containers", "create", *SHIM, refs["unsigned"], "oc-swap", "--", "sh", "-c",
+              COUNTER)
+        b.ctr("images", "tag", "--force", refs["signed"], refs["unsigned"])
+        started = b.ctr("tasks", "start", "-d", "oc-swap", check=False)
+        assert started.returncode != 0
+        assert "root filesystem was made from another image" in started.stderr, started.stderr
+        nothing_left(pair, "oc-swap")
+    finally:
+        remove(b, "oc-swap")
+        b.ctr("images", "rm", refs["unsigned"], check=False)
+        b.ctr("images", "pull", "--plain-http", refs["unsigned"])
+
+
 def test_the_cold_start_annotation_starts_it_cold(
         pair: OnCreateNodes, images: dict[str, Any], keys: Path) -> None:
     b = pair.b

@@ -35,7 +35,7 @@ from torpor.containerd.client import Client
 from torpor.errors import ImageError
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
-from torpor.formats import names
+from torpor.formats import names, timestamps
 from torpor.formats.chunk_index import ChunkIndex, PackRecord
 from torpor.formats.digests import new_hasher, sha256_digest, verify_hasher
 from torpor.formats.metadata import CheckpointMetadata
@@ -310,7 +310,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
 
         container_id = metadata.container.id
         config_desc = _json_blob(layout, metadata.to_json(), mt.CHECKPOINT_CONFIG)
-        created_at = metadata.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        created_at = metadata.created or timestamps.now()
         for layer in base_layers:  # from the previous generation, if it has them
             reused = previous.held.get(str(layer.get("digest"))) if previous else None
             if reused is not None and reused.stat().st_size == layer.get("size"):

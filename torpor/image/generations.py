@@ -33,6 +33,7 @@ from pathlib import Path
 
 from torpor.errors import ImageError
 from torpor.formats import annotations as ann
+from torpor.formats import timestamps
 from torpor.formats.chunk_index import ChunkIndex
 from torpor.formats.oci import Descriptor
 from torpor.image import sound_indexes
@@ -114,7 +115,7 @@ def find_previous(store: Store, *, index_digest: str | None, ref: str | None,
     """The candidates, best first, each with whether it may be verified (rules 1 and 2) or must
     be known sound already (rules 3 and 4)."""
     candidates = stored_images(store)
-    newest = sorted(candidates, key=lambda c: c.created, reverse=True)
+    newest = sorted(candidates, key=lambda c: timestamps.order(c.created), reverse=True)
     repository = repository_of(ref) if ref else None
     out: list[tuple[StoredImage, bool]] = []
     seen: set[str] = set()

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import platform
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
+from torpor.formats import timestamps
 from torpor.formats.digests import sha256_digest
 from torpor.formats.oci import Descriptor
 from torpor.image import documents
@@ -67,7 +67,7 @@ def build(archive: KubeArchive, layout_dir: str, ref_name: str | None,
         layout.blob_dir(written.digest)
         shutil.move(written.path, blob)
         layer = Descriptor(mt.OCI_LAYER_ZSTD, written.digest, written.size)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        now = timestamps.now()
         config: dict[str, Any] = {
             "created": now, "architecture": go_arch(), "os": platform.system().lower(),
             "config": {}, "rootfs": {"type": "layers", "diff_ids": [written.diff_id]},

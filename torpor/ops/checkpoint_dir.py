@@ -15,7 +15,7 @@ import torpor
 from torpor.containerd import runtime as runc_runtime
 from torpor.containerd import snapshots
 from torpor.containerd.api import containers_pb2
-from torpor.formats import names
+from torpor.formats import names, timestamps
 from torpor.formats.files import Sizes
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo, RuntimeInfo
 from torpor.formats.request import CheckpointRequest
@@ -70,7 +70,7 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     files = checkpoint_dir.inventory(directory)
     metadata = CheckpointMetadata(
         torpor_version=torpor.__version__,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created=timestamps.now(),
         container=ContainerInfo(
             id=record.id, image=record.image, runtime=container.runtime, spec=_spec_of(record),
             labels=dict(record.labels), snapshotter=record.snapshotter,

@@ -37,7 +37,7 @@ from torpor.containerd.client import Client
 from torpor.errors import CheckpointError, ContainerdError, FormatError, ImageError, NotFound
 from torpor.formats import annotations as ann
 from torpor.formats import mediatypes as mt
-from torpor.formats import names
+from torpor.formats import names, timestamps
 from torpor.formats.chunk_index import ChunkIndex
 from torpor.formats.estimate import Estimate, EstimatePart
 from torpor.image.chunker import StreamChunker
@@ -103,7 +103,7 @@ def estimate(client: Client, container_id: str, cfg: Config) -> Estimate:
     parts = [mem, _rootfs(task.pid, since), *_volumes(spec, cfg, since),
              _gpu(cfg, pids), _metadata(len(pids), mem, previous)]
     result = Estimate(container_id, client.namespace,
-                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      timestamps.now(),
                       previous.index_digest if previous else "", previous.ref if previous else "",
                       tuple(p for p in parts if p is not None), time.monotonic() - started)
     # 7. kept for the next checkpoint
@@ -146,12 +146,7 @@ def _previous(client: Client, store: Store, container_id: str,
 
 
 def _epoch(iso: str) -> float | None:
-    try:
-        import calendar
-
-        return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
-    except (ValueError, OverflowError):
-        return None
+    return timestamps.epoch(iso)
 
 
 class _MemoryTally:

@@ -12,7 +12,6 @@ store already holds, linked into the target layout; the plan then downloads the 
 
 from __future__ import annotations
 
-import calendar
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from torpor.config import Config
 from torpor.containerd.client import Client
 from torpor.errors import ContainerdError
 from torpor.formats import annotations as ann
+from torpor.formats import timestamps
 from torpor.image.generations import Previous, hold_previous, hold_store_blobs, place
 from torpor.image.store import Store
 from torpor.ops.estimate import saved_estimate
@@ -48,10 +48,8 @@ def basis(client: Client, cfg: Config, store: Store, container_id: str, image_na
     notes: dict[str, str] = {}
     made = saved_estimate(cfg, client.namespace, container_id)
     if made is not None and made.previous == (previous.index_digest if previous else ""):
-        try:
-            age = time.time() - calendar.timegm(time.strptime(made.created, "%Y-%m-%dT%H:%M:%SZ"))
-        except ValueError:
-            age = ESTIMATE_FRESH_S + 1
+        made_at = timestamps.epoch(made.created)
+        age = time.time() - made_at if made_at is not None else ESTIMATE_FRESH_S + 1
         if 0 <= age <= ESTIMATE_FRESH_S:
             notes = {ann.ESTIMATE_FULL: str(made.full_bytes), ann.ESTIMATE_NEW: str(made.new_bytes),
                      ann.ESTIMATE_AT: made.created}

@@ -44,7 +44,7 @@ from torpor.containerd import runtime as runc_runtime
 from torpor.containerd.api import containers_pb2
 from torpor.containerd.client import Client
 from torpor.errors import CheckpointError, FormatError
-from torpor.formats import names
+from torpor.formats import names, timestamps
 from torpor.formats import state as container_state
 from torpor.formats.files import SavedVolume, Sizes
 from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo, RuntimeInfo
@@ -185,7 +185,7 @@ def _lay_out(client: Client, container: containers_pb2.Container, runtime: Runti
     files = checkpoint_dir.inventory(directory)
     metadata = CheckpointMetadata(
         torpor_version=torpor.__version__,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created=timestamps.now(),
         container=ContainerInfo(
             id=container.id, image=container.image, runtime=runtime, spec=spec,
             labels=dict(container.labels), snapshotter=container.snapshotter,

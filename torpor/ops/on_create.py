@@ -19,12 +19,14 @@ is code and kernel state, so the node reads it only where it can check its signa
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
 from torpor import signing
 from torpor.config import Config
 from torpor.containerd.client import Client
+from torpor.containerd.images import chain_ids
 from torpor.errors import ConfigError, NotFound, RestoreError
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.node import NodeFacts
@@ -45,6 +47,7 @@ class CheckpointSource:
 
     name: str             # the image's name, a registry reference
     index_digest: str     # what containerd pulled under it
+    rootfs_parent: str = ""   # the chain ID the container's root filesystem was made on
 
     @property
     def pinned(self) -> str:
@@ -91,7 +94,30 @@ def _source_of(client: Client, container_id: str) -> CheckpointSource:
         image = client.get_image(container.image)
     except NotFound:
         raise RestoreError(f"the image {container.image} is not in containerd") from None
-    return CheckpointSource(container.image, image.target.digest)
+    parent = ""
+    if container.snapshotter and container.snapshot_key:
+        try:
+            parent = client.stat_snapshot(container.snapshotter, container.snapshot_key).parent
+        except NotFound:
+            pass
+    return CheckpointSource(container.image, image.target.digest, parent)
+
+
+def check_rootfs(source: CheckpointSource, image: unpack.CheckpointImage, layout: str) -> None:
+    """The container's root filesystem was made from the signed checkpoint's runnable image,
+    not from another image that took its name between the container's creation and now
+    (its snapshot's parent is the chain of the runnable config's layers)."""
+    config = image.runnable_blobs[0]
+    algorithm, hex_part = config.digest.split(":", 1)
+    with open(os.path.join(layout, "blobs", algorithm, hex_part), "rb") as f:
+        diff_ids = (json.load(f).get("rootfs") or {}).get("diff_ids") or []
+    chain = chain_ids([str(d) for d in diff_ids])
+    if source.rootfs_parent and chain and chain[-1] != source.rootfs_parent:
+        raise RestoreError(f"the container's root filesystem was made from another image than "
+                           f"the checkpoint {source.pinned} (its layers' chain "
+                           f"{source.rootfs_parent}, the checkpoint's {chain[-1]}): {source.name} "
+                           "was pulled again after the container was created",
+                           hint="create the container again")
 
 
 def fetch_checkpoint(cfg: Config, source: CheckpointSource, directory: str,
@@ -117,6 +143,7 @@ def fetch_checkpoint(cfg: Config, source: CheckpointSource, directory: str,
             held = generation.hold_for_pull(plan, store, scratch / "held")
             layers = generation.place_for_pull(plan, held, staged)
             plan.download(staged, layers)
+    check_rootfs(source, image, str(store.layout(source.name)))
     unpack.unpack_state(image, str(store.layout(source.name)), directory, limits=limits,
                         metadata=metadata)
     return metadata, signed[0]

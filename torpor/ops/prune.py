@@ -19,7 +19,6 @@ local part.
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +28,7 @@ from typing import Any, TypeVar
 from torpor.config import Config
 from torpor.errors import ConfigError, RegistryError
 from torpor.formats import annotations as ann
-from torpor.formats import names
+from torpor.formats import names, timestamps
 from torpor.image.generations import repository_of, stored_images
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
@@ -69,16 +68,13 @@ class PruneResult:
 
 
 def created_epoch(created: str) -> float:
-    try:
-        return float(calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return 0.0
+    return timestamps.epoch(created) or 0.0
 
 
 def chosen_to_keep(generations: Sequence[T], created: Callable[[T], str], retention: Retention,
                    now: float) -> list[T]:
     """The generations `retention` keeps, of one repository."""
-    ordered = sorted(generations, key=lambda g: created(g), reverse=True)
+    ordered = sorted(generations, key=lambda g: timestamps.order(created(g)), reverse=True)
     keep = retention.keep if retention.keep is not None else 1
     kept = ordered[:keep]
     if retention.older_than_s is not None:
@@ -109,7 +105,8 @@ def prune(cfg: Config, retention: Retention, repository: str | None = None, *,
         if container is not None and image.container != container:
             continue
         groups.setdefault(where, {}).setdefault(image.index_digest, []).append(image.ref)
-        created[image.index_digest] = max(created.get(image.index_digest, ""), image.created)
+        created[image.index_digest] = max(created.get(image.index_digest, ""), image.created,
+                                          key=timestamps.order)
     result = PruneResult()
     # 2. remove what is not kept
     for by_digest in groups.values():
