@@ -32,14 +32,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from torpor.capture import deadlines
 from torpor.errors import CudaError, GpuError
 from torpor.formats.fields import Fields
 from torpor.formats.gpu import GpuInventory
 
 SECONDS_PER_GIB = 5.0  # checkpoint and restore: 0.2 GB/s, a third of CRIUgpu's 0.7 GB/s (H100)
 # a restore whose host memory arrives lazily reads it at the page source's pace: the lazy
-# restore's own allowance (torpor.capture.deadlines.PER_GIB_S), not the driver's
-LAZY_SECONDS_PER_GIB = 10.0
+# restore's own allowance, not the driver's
+LAZY_SECONDS_PER_GIB = deadlines.PER_GIB_S
 
 
 class DriverTimeout(GpuError):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torpor import held_dirs
 from torpor.atomicfile import write_atomic
 from torpor.durable import sync_dir
 from torpor.errors import ImageError
@@ -190,17 +191,14 @@ class Store:
         """A scratch directory for one operation, removed at its end. It is locked while the
         operation lives, so that `sweep` removes what a killed one left (a lazy restore's kept
         packs, a pull's layers: gigabytes) and nothing another still uses."""
-        token = secrets.token_hex(8)
-        new = self.scratch_dir(f".new-{token}")
-        fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        (self.root / "scratch").mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root / "scratch", 0o700)
+        path = self.root / "scratch" / f"{SCRATCH}{secrets.token_hex(8)}"
+        fd = held_dirs.make(str(path.parent), path.name)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)   # before it has a name sweep looks at
-            path = new.parent / f"{SCRATCH}{token}"
-            os.rename(new, path)
             yield path
         finally:
-            shutil.rmtree(new if new.exists() else new.parent / f"{SCRATCH}{token}",
-                          ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
             os.close(fd)
 
     def scratch_dir(self, name: str) -> Path:
@@ -217,16 +215,8 @@ class Store:
         removed."""
         removed = []
         for path in sorted((self.root / "scratch").glob(f"{SCRATCH}*")):
-            try:
-                held = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
+            if not held_dirs.abandoned(str(path)):
                 continue
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue   # in use
-            finally:
-                os.close(held)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
         for entry in sorted((self.root / "images").glob("*")):

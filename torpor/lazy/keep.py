@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from torpor.errors import DigestMismatch
 from torpor.formats.chunk_index import PackRecord
-from torpor.formats.digests import new_hasher, split_digest, verify_hasher
+from torpor.formats.digests import new_hasher, verify_hasher
+from torpor.lazy.chunks import LocalPack, RemoteRange
+from torpor.registry.layout import Layout
 
-RemoteRange = Callable[[str, int, int], bytes | bytearray]   # as lazy.chunks has it
-LocalPack = Callable[[str, int], str | None]
 GAP_BYTES = 8 << 20   # one range request at most, for the gaps
 
 
@@ -73,9 +73,9 @@ class PackKeeper:
         if self.failure is not None:
             raise self.failure
         fetched = 0
+        blobs = Layout(layout)
         for number, pack in enumerate(self.packs):
-            algorithm, hex_part = split_digest(pack.digest)   # validated before it names a file
-            target = layout / "blobs" / algorithm / hex_part
+            target = blobs.blob_path(pack.digest)   # the digest validated before it names a file
             target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             here = local(pack.digest, pack.size) if number not in self._held else None
             if here is not None:

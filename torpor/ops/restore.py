@@ -88,6 +88,7 @@ from torpor.ops.sources import (
     registry_options,
 )
 from torpor.registry import fetch_metadata
+from torpor.registry.layout import Layout
 from torpor.reporting import SILENT, Progress
 
 if TYPE_CHECKING:
@@ -332,8 +333,9 @@ def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.
     try:
         extra = lazy.keep(layout)
         timings["kept_extra_bytes"] = extra
+        blobs = Layout(Path(layout))
         missing = [d.digest for d in (*image.state_layers, *image.runnable_blobs)
-                   if not _blob_here(layout, d.digest, d.size)]
+                   if not _blob_here(blobs, d.digest, d.size)]
         if missing:
             raise ImageError(f"blobs {', '.join(missing)} are not in the image's layout")
         stored = next((e.digest for e in store.entries() if e.ref == ref), None)
@@ -348,10 +350,9 @@ def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.
     return extra
 
 
-def _blob_here(layout: str, digest: str, size: int) -> bool:
-    algorithm, hex_part = digest.split(":", 1)
+def _blob_here(layout: Layout, digest: str, size: int) -> bool:
     try:
-        return os.path.getsize(os.path.join(layout, "blobs", algorithm, hex_part)) == size
+        return layout.blob_path(digest).stat().st_size == size
     except OSError:
         return False
 

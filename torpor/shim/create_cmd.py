@@ -20,12 +20,12 @@ CRIU's restore log is kept in `[runtime] log_dir`.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import shutil
 from typing import TYPE_CHECKING
 
+from torpor import held_dirs
 from torpor.errors import TorporError
 from torpor.formats import annotations as ann
 from torpor.formats import names
@@ -80,11 +80,8 @@ def run(ctx: Context) -> int:
     root = os.path.join(ctx.cfg.runtime_state_dir, ON_CREATE_DIR)
     sweep(root)
     name = f"{namespace}-{container_id}-{secrets.token_hex(8)}"
-    os.makedirs(os.path.join(root, f".{name}"), mode=0o700)
-    held = os.open(os.path.join(root, f".{name}"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(held, fcntl.LOCK_EX)   # this create's: sweep leaves it while it lives
+    held = held_dirs.make(root, name)   # this create's: sweep leaves it while it lives
     work = os.path.join(root, name)
-    os.rename(os.path.join(root, f".{name}"), work)   # only now a name sweep looks at
     try:
         source = on_create.source_of(on_create.containerd_address(os.environ), namespace,
                                      container_id)
@@ -126,19 +123,9 @@ def sweep(root: str) -> None:
     except FileNotFoundError:
         return
     for name in entries:
-        if name.startswith("."):
-            continue   # being made
         path = os.path.join(root, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue   # a create under way
-        finally:
-            os.close(fd)
+        if name.startswith(".") or not held_dirs.abandoned(path):
+            continue   # being made, or a create under way
         from torpor.capture import deadlines
 
         deadlines.remove_criu_yards(os.path.join(path, "criu-work"))
