@@ -9,6 +9,12 @@ into the image a pod restores from, pushed to the registry both nodes use; a new
 from that image: the counter continues, the emptyDir's and /dev/shm's files are back, and once
 the original is deleted its Service reaches the new pod, whose memory holds what a client
 stored in the original. A pod with a sidecar moves the same way, container by container.
+
+Then the same moves in one command, `torpor kube migrate`, with torpor's node installer running
+on each node as packaging/kubernetes makes it (tests/support/kube_agent.py): a one-container
+pod behind a Service, a pod with a sidecar (kept at its source with --keep-source), and a
+migration whose new pod cannot start on the target (its registry unreachable from there), which
+leaves the source running and nothing of the move behind.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from typing import Any
 
 import pytest
 
-from .support import cri, ecosystem
+from .support import cri, ecosystem, kube_agent
 from .support.kube import KubeCluster
 from .support.kube_network import ask
+from .support.netns import NetNS
 from .support.processes import wait_for
 from .support.workload import COUNTER
 from .support.world import World
@@ -228,3 +235,149 @@ def test_a_pod_with_a_sidecar_moves_container_by_container(kube: KubeCluster) ->
     assert [s["restartCount"] for s in statuses] == [0, 0], json.dumps(statuses)
     for name in ("pair", "pair-moved"):
         kube.kubectl("delete", "pod", name, "--wait=false")
+
+
+# torpor kube migrate -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def agents(kube: KubeCluster) -> dict[str, str]:
+    kube.kubectl("apply", "-f", str(RUNTIME_CLASS))
+    pods = kube_agent.start_agents(kube)
+    log = kube_agent.installer_log(kube, pods["node-a"])
+    assert "containerd's config already has the torpor runtime class" in log, log
+    return pods
+
+
+def migrate(kube: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`torpor kube migrate` as a user runs it: kubectl and an admin kubeconfig, on the
+    control plane's network."""
+    assert kube.registry is not None
+    cmd = ["nsenter", f"--net={kube.cp.path}", str(kube.world.bin / "torpor"), "kube",
+           "migrate", *args, "--registry", f"{kube.registry.host}/migrated",
+           "--kubeconfig", str(kube.admin), "--kubectl", str(ecosystem.kube_binary("kubectl")),
+           "--timeout", "120s"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=kube.nodes["node-a"].containerd.env)
+
+
+def moved_from(kube: KubeCluster, source: str) -> list[dict[str, Any]]:
+    """The pods made by a migration of `source` (NAMESPACE/POD)."""
+    pods = json.loads(kube.kubectl("get", "pods", "-o", "json"))["items"]
+    return [p for p in pods if (p["metadata"].get("annotations") or {})
+            .get("torpor.io/migrated-from", "").startswith(source + "@")]
+
+
+def no_archives_left(kube: KubeCluster, name: str) -> None:
+    """None of kubelet's archives of the pod `name` (default namespace) stays on node A."""
+    where = kube.nodes["node-a"].checkpoints()
+    left = sorted(where.glob(f"checkpoint-{name}_default-*")) if where.exists() else []
+    assert left == []
+
+
+def test_torpor_kube_migrate_moves_a_pod_behind_a_service(kube: KubeCluster,
+                                                           agents: dict[str, str]) -> None:
+    kube.apply(pod("web", "node-a", kube.workload_image, "torpor", WORKLOAD, app="web"))
+    kube.apply({**SERVICE, "metadata": {"name": "web"},
+                "spec": {**SERVICE["spec"], "selector": {"app": "web"}}})
+    original = wait_running(kube, "web")
+    node_a = kube.nodes["node-a"]
+    assert ask(node_a.netns, original["status"]["podIP"], 7000, "SET k v1") == "OK"
+    before = counter_above(kube, "web", 5)
+
+    done = migrate(kube, "default/web", "--to", "node-b")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "moved default/web from node-a to node-b as web-" in done.stdout, done.stdout
+    for step in ("checkpointing counter through kubelet on node-a",
+                 "building and pushing", "waiting for default/web-"):
+        assert step in done.stderr + done.stdout, done.stderr
+
+    [moved] = moved_from(kube, "default/web")
+    name = moved["metadata"]["name"]
+    assert moved["spec"]["nodeName"] == "node-b"
+    first = counter(kube, name)
+    assert first >= before, f"the counter restarted on node B: {first} < {before}"
+    counter_above(kube, name, first)
+    assert pod_exec(kube, name, "cat", "/data/note") == "kept"
+    assert pod_exec(kube, name, "cat", "/dev/shm/note") == "in-shm"
+    assert pod_exec(kube, name, "hostname") == "web"
+    assert restarts(kube.pod(name)) == 0
+    # the original is gone, the Service reaches the moved pod and the memory it holds
+    wait_for(lambda: kube.kubectl_run("get", "pod", "web").returncode != 0, timeout=60,
+             interval=0.5, what="the original pod to be deleted")
+    service_ip = kube.kubectl("get", "service", "web", "-o", "jsonpath={.spec.clusterIP}")
+    wait_for(lambda: endpoints(kube, "web") == [kube.pod(name)["status"]["podIP"]], timeout=30,
+             interval=0.3, what="the Service's endpoints to be the moved pod")
+    assert wait_for(lambda: ask(node_a.netns, service_ip, 80, "GET k"), timeout=30,
+                    interval=0.3, what="an answer through the Service") == "v1"
+    no_archives_left(kube, "web")   # kubelet's archive never stays on the node
+    kube.kubectl("delete", "pod", name, "--wait=false")
+    kube.kubectl("delete", "service", "web")
+
+
+def test_torpor_kube_migrate_moves_a_pod_with_a_sidecar_and_can_keep_the_source(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    sidecar = ["sh", "-c", "echo side > /data/side; " + COUNTER]
+    spec = pod("duo", "node-a", kube.workload_image, "torpor", WORKLOAD, app="duo")
+    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
+                                       "command": sidecar})
+    kube.apply(spec)
+    wait_running(kube, "duo")
+    before = {c: counter_above(kube, "duo", 5, container=c) for c in ("counter", "sidecar")}
+
+    done = migrate(kube, "duo", "--to", "node-b", "--keep-source", "--name", "duo-b", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert result["pod"] == "duo-b" and result["source_deleted"] is False
+    assert sorted(result["images"]) == ["counter", "sidecar"]
+
+    wait_running(kube, "duo-b")
+    for name, value in before.items():
+        first = counter(kube, "duo-b", container=name)
+        assert first >= value, f"{name} restarted on node B: {first} < {value}"
+        counter_above(kube, "duo-b", first, container=name)
+    assert pod_exec(kube, "duo-b", "cat", "/data/note", "/data/side") == "kept\nside"
+    for name in ("duo", "duo-b"):      # the source kept running, untouched
+        statuses = kube.pod(name)["status"]["containerStatuses"]
+        assert [s["restartCount"] for s in statuses] == [0, 0], json.dumps(statuses)
+    counter_above(kube, "duo", before["counter"] + 1)
+    no_archives_left(kube, "duo")
+    for name in ("duo", "duo-b"):
+        kube.kubectl("delete", "pod", name, "--wait=false")
+
+
+def test_a_migration_that_fails_on_the_target_leaves_the_source_running(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """node B cannot reach the registry (its connections to it are refused): the images are
+    pushed from node A, the new pod cannot pull them. migrate fails with kubelet's reason, the
+    new pod is removed, the archive too, and the source never noticed."""
+    assert kube.registry is not None
+    kube.apply(pod("solo", "node-a", kube.workload_image, "torpor", WORKLOAD, app="solo"))
+    wait_running(kube, "solo")
+    before = counter_above(kube, "solo", 3)
+    node_b: NetNS = kube.nodes["node-b"].netns
+    host, port = kube.registry.host.rsplit(":", 1)
+    rule = ["OUTPUT", "-p", "tcp", "-d", host, "--dport", port, "-j", "REJECT",
+            "--reject-with", "tcp-reset"]
+    node_b.run("iptables", "-I", *rule)
+    try:
+        done = migrate(kube, "default/solo", "--to", "node-b")
+    finally:
+        node_b.run("iptables", "-D", *rule)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the moved pod default/solo-" in done.stderr and "did not start" in done.stderr, \
+        done.stderr
+    assert "ErrImagePull" in done.stderr or "ImagePullBackOff" in done.stderr, done.stderr
+    assert "its checkpoint images stay" in done.stderr
+    wait_for(lambda: moved_from(kube, "default/solo") == [], timeout=60, interval=0.5,
+             what="the failed migration's pod to be removed")
+    assert restarts(kube.pod("solo")) == 0
+    counter_above(kube, "solo", before)
+    no_archives_left(kube, "solo")
+    kube.kubectl("delete", "pod", "solo", "--wait=false")
+
+
+def test_migrate_refuses_in_words_before_anything_is_made(kube: KubeCluster,
+                                                          agents: dict[str, str]) -> None:
+    done = migrate(kube, "default/nowhere", "--to", "node-b")
+    assert done.returncode == 1 and "reading pod default/nowhere" in done.stderr, done.stderr
+    assert "NotFound" in done.stderr or "not found" in done.stderr, done.stderr

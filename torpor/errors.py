@@ -22,6 +22,8 @@
     ├── RegistryError                exit 1   an OCI registry refused a request
     │   └── AuthError                         credentials are missing or rejected
     ├── IncompatibleNode             exit 3   this node cannot restore the checkpoint (lists why)
+    ├── KubeError                    exit 1   the Kubernetes API (through kubectl) refused a step
+    │                                         of a migration; the source pod keeps running
     └── GpuError                     exit 1   the CUDA driver or NVML refused an operation
         └── CudaError                         a CUresult other than success, with its name
 
@@ -139,6 +141,10 @@ class IncompatibleNode(TorporError):
         self.mismatches = list(mismatches)
         lines = "\n".join(f"  - {m}" for m in self.mismatches)
         super().__init__(f"this node cannot restore the checkpoint:\n{lines}")
+
+
+class KubeError(TorporError):
+    pass
 
 
 class GpuError(TorporError):

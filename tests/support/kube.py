@@ -136,7 +136,8 @@ class KubeCluster:
             "--service-account-key-file", str(sa.cert),
             "--service-account-signing-key-file", str(sa.key),
             "--service-cluster-ip-range", "10.96.0.0/24",
-            "--authorization-mode", "Node,RBAC", "--disable-admission-plugins", "ServiceAccount"))
+            "--authorization-mode", "Node,RBAC", "--disable-admission-plugins", "ServiceAccount",
+            "--allow-privileged=true"))     # the node installer's pod, as kubeadm's clusters
 
         def ready() -> bool:
             for daemon in self.daemons:

@@ -13,14 +13,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting",
           "tally", "handoff", "formats", "archive", "held_dirs",
           "__init__"}
-CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config",
+CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config", "kube",
                 "signing", "criu_images", "lazy"}
 # what each area may import (besides itself); the ground floor may import only the ground
 ALLOWED = {
     **{name: GROUND for name in GROUND},
     **{name: GROUND | CAPABILITIES for name in CAPABILITIES},
     # the self-contained capabilities (docs/architecture.md): only the ground floor below them
-    **{name: GROUND for name in ("registry", "capture", "runtime_config", "criu_images")},
+    **{name: GROUND for name in ("registry", "capture", "runtime_config", "criu_images", "kube")},
     "ops": GROUND | CAPABILITIES,
     "cli": GROUND | CAPABILITIES | {"ops"},
     # torpord runs the CLI's commands, the schedules, and torpor-runc's checkpoint (pyroute2

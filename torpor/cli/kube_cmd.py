@@ -1,14 +1,17 @@
-"""torpor kube archive|import|image: torpor's checkpoints and kubelet's, one into the other."""
+"""torpor kube archive|import|image: torpor's checkpoints and kubelet's, one into the other;
+torpor kube migrate: a running pod moved to another node."""
 
 from __future__ import annotations
 
 import click
 
 from torpor import config
+from torpor.cli.durations import duration_option
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.cli.target_flags import check_target
-from torpor.ops import kube
+from torpor.kube.api import KubeApi
+from torpor.ops import kube, migrate
 from torpor.ops.kube import KubeResult
 
 
@@ -21,6 +24,7 @@ def kube_group() -> None:
     torpor kube import ARCHIVE -o DIR           a kubelet archive as a torpor checkpoint
     torpor kube import ARCHIVE -t REF [--push]  ... as a torpor checkpoint image
     torpor kube image SOURCE -t REF             the image a pod restores from, pushed
+    torpor kube migrate NS/POD --to NODE --registry REPO   a running pod to another node
     """
 
 
@@ -91,6 +95,47 @@ def image_command(g: Globals, source: str, ref: str | None, directory: str | Non
                                      f"OCI layout {result.layout}" if result.layout else "") if x)
     _report(result, as_json, f"checkpoint image of {result.container}: {where} "
                              f"({human_size(result.bytes)} layer, {result.digest})")
+
+
+@kube_group.command("migrate")
+@click.argument("target", metavar="[NAMESPACE/]POD")
+@click.option("--to", "node", required=True, metavar="NODE", help="The node the pod moves to.")
+@click.option("--registry", "repository", envvar="TORPOR_KUBE_REGISTRY", required=True,
+              metavar="REPO", help="Push the checkpoint images under this repository "
+              "(REPO/NAMESPACE/POD/CONTAINER:TIME); both nodes pull from it "
+              "[env TORPOR_KUBE_REGISTRY].")
+@click.option("--keep-source", is_flag=True, help="Leave the original pod running.")
+@click.option("--name", "new_name", metavar="NAME",
+              help="The moved pod's name (default: the original's, with a suffix).")
+@click.option("--timeout", "timeout", default="5m", show_default=True, metavar="DURATION",
+              callback=duration_option,
+              help="Longest wait for each checkpoint, each image and the moved pod to be ready.")
+@click.option("--kubeconfig", metavar="FILE", envvar="KUBECONFIG",
+              help="kubectl's kubeconfig [env KUBECONFIG].")
+@click.option("--context", metavar="NAME", help="The kubeconfig context.")
+@click.option("--kubectl", "kubectl", default="kubectl", show_default=True, metavar="PATH",
+              help="The kubectl that reaches the cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def migrate_command(g: Globals, target: str, node: str, repository: str, keep_source: bool,
+                    new_name: str | None, timeout: float, kubeconfig: str | None,
+                    context: str | None, kubectl: str, as_json: bool) -> None:
+    """Move a running pod to NODE: each container checkpointed through kubelet, its checkpoint
+    image built, signed and pushed on the pod's node by torpor's node agent, a pod on NODE from
+    the original's spec restored from those images, the original deleted once that one is
+    ready. On any failure the original keeps running and what was made is removed."""
+    namespace, _, name = target.rpartition("/")
+    api = KubeApi(kubectl=kubectl, kubeconfig=kubeconfig, context=context)
+    result = migrate.migrate(api, namespace or "default", name, node, repository=repository,
+                             keep_source=keep_source, new_name=new_name, timeout_s=int(timeout),
+                             progress=g.progress(quiet=as_json))
+    if as_json:
+        emit_json(result.to_json())
+        return
+    kept = "; the original keeps running" if keep_source else ""
+    click.echo(f"moved {result.source} from {result.source_node} to {result.target_node} as "
+               f"{result.pod} in {result.seconds:.2f}s (checkpoints "
+               f"{result.checkpoint_seconds:.2f}s){kept}")
 
 
 def _report(result: KubeResult, as_json: bool, line: str) -> None:

@@ -1,0 +1,141 @@
+"""`torpor kube migrate NS/POD --to NODE`: a running pod moved to another node, through the
+API server with the user's kubeconfig. In order:
+ 1. the pod (movable: torpor.kube.moved_pod), the target node (Ready) and torpor's node agent
+    on the source node (the node installer's pod), found;
+ 2. each container checkpointed through kubelet's checkpoint API (the API server's node
+    proxy), one after the other; the pod keeps running;
+ 3. each archive turned into its checkpoint image on the source node by the node agent
+    (`torpor kube image`: signed with the node's key, encrypted where the node's configuration
+    says so), pushed to `repository`; the archive, which holds the workload's memory, removed
+    from the node whatever happened: it never leaves the node;
+ 4. a new pod on the target node from the original's spec, each container's image its
+    checkpoint image; waited for until every container runs and is ready;
+ 5. the original deleted, unless `keep_source`.
+A failure or an interrupt at any step leaves the source pod running as it was and removes what
+was made: the archives on the node and the new pod. The images pushed stay in the registry
+(the error names them): they are the checkpoint, signed, and a second try can use them.
+
+Between the checkpoint and the original's deletion the original runs on: what it changes then
+is not in the moved pod (docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torpor.errors import KubeError
+from torpor.kube.api import KubeApi, is_ready, pod_path
+from torpor.kube.moved_pod import containers_to_move, failure_of, is_running, moved_pod
+from torpor.reporting import SILENT, Progress
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    source: str                       # NAMESPACE/POD
+    source_node: str
+    target_node: str
+    pod: str                          # the new pod's name
+    images: dict[str, str] = field(default_factory=dict)      # container -> checkpoint image
+    checkpoint_seconds: float = 0.0   # kubelet's checkpoints, every container
+    seconds: float = 0.0              # the whole migration, to the new pod ready
+    source_deleted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository: str,
+            keep_source: bool = False, new_name: str | None = None, timeout_s: int = 300,
+            progress: Progress = SILENT) -> MigrateResult:
+    started = time.monotonic()
+    original = api.pod(namespace, name)
+    containers = containers_to_move(original, target)
+    source = original["spec"]["nodeName"]
+    if not is_ready(api.node(target)):
+        raise KubeError(f"node {target} is not Ready")
+    agent = api.agent_on(source)
+    progress.step(f"moving {namespace}/{name} ({', '.join(containers)}) from {source} to "
+                  f"{target} (node agent {agent})")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    with contextlib.ExitStack() as undo:
+        archives: dict[str, str] = {}
+        for container in containers:
+            progress.step(f"checkpointing {container} through kubelet on {source}")
+            archive = api.checkpoint(source, namespace, name, container, timeout_s)
+            archives[container] = archive
+            undo.callback(_forget, api, agent, archive)
+        checkpointed = time.monotonic()
+        images: dict[str, str] = {}
+        for container, archive in archives.items():
+            ref = f"{repository.rstrip('/')}/{namespace}/{name}/{container}:{stamp}"
+            progress.step(f"building and pushing {ref} on {source}")
+            images[container] = _image_on_node(api, agent, archive, ref, timeout_s)
+        manifest = moved_pod(original, images, target, new_name)
+        progress.step(f"creating the pod on {target}")
+        created = api.post(pod_path(namespace), manifest,
+                           f"creating the moved pod in {namespace}")
+        moved = created["metadata"]["name"]
+        undo.callback(_delete_new_pod, api, namespace, moved)
+        progress.step(f"waiting for {namespace}/{moved} to run on {target}")
+        _wait_running(api, namespace, moved, timeout_s, images)
+        undo.pop_all()     # the moved pod runs: nothing of it is undone from here
+    if not keep_source:
+        progress.step(f"deleting {namespace}/{name} on {source}")
+        api.delete(pod_path(namespace, name), f"deleting the original pod {namespace}/{name}")
+    return MigrateResult(f"{namespace}/{name}", source, target, moved, images,
+                         checkpoint_seconds=checkpointed - started,
+                         seconds=time.monotonic() - started, source_deleted=not keep_source)
+
+
+def _image_on_node(api: KubeApi, agent: str, archive: str, ref: str, timeout_s: int) -> str:
+    out = api.run_agent(agent, ["image", archive, ref],
+                        f"building the checkpoint image {ref} on the node", timeout_s + 60)
+    start = 0 if out.startswith("{") else out.find("\n{")      # torpor kube image --json
+    made: object = None
+    if start >= 0:
+        with contextlib.suppress(ValueError):
+            made = json.loads(out[start:])
+    if not isinstance(made, dict):
+        raise KubeError(f"the node agent built {ref} but printed no result: {out[-300:]!r}")
+    reference = made.get("reference")
+    if not isinstance(reference, str):
+        raise KubeError(f"the node agent did not push {ref}: {made!r}")
+    return reference
+
+
+def _wait_running(api: KubeApi, namespace: str, name: str, timeout_s: int,
+                  images: dict[str, str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = api.pod(namespace, name)
+        if is_running(found):
+            return
+        why = failure_of(found)
+        if why is not None:
+            raise KubeError(f"the moved pod {namespace}/{name} did not start: {why} "
+                            f"(its checkpoint images stay: {', '.join(images.values())})")
+        if time.monotonic() > deadline:
+            raise KubeError(f"the moved pod {namespace}/{name} was not running and ready after "
+                            f"{timeout_s}s (kubectl describe pod -n {namespace} {name}); its "
+                            f"checkpoint images stay: {', '.join(images.values())}")
+        time.sleep(0.5)
+
+
+def _forget(api: KubeApi, agent: str, archive: str) -> None:
+    _quietly(lambda: api.run_agent(agent, ["forget", archive], "removing " + archive, 60))
+
+
+def _delete_new_pod(api: KubeApi, namespace: str, name: str) -> None:
+    _quietly(lambda: api.delete(pod_path(namespace, name), f"deleting {namespace}/{name}",
+                                grace_seconds=0))
+
+
+def _quietly(step: Callable[[], object]) -> None:
+    """An undo step: its own failure must not hide the error that made it run."""
+    with contextlib.suppress(KubeError):
+        step()
