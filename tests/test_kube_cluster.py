@@ -41,8 +41,15 @@ RUNTIME_CLASS = Path(__file__).resolve().parents[1] / "packaging" / "kubernetes"
     "runtimeclass.yaml"
 WORKLOAD = ["sh", "-c", "echo kept > /data/note; echo in-shm > /dev/shm/note; kvserver 7000 & "
             + COUNTER]
-SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "counter"},
-           "spec": {"selector": {"app": "counter"}, "ports": [{"port": 80, "targetPort": 7000}]}}
+
+
+def service(app: str) -> dict[str, Any]:
+    """A Service named `app` in front of port 7000 of the pods labelled app=`app`."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": app},
+            "spec": {"selector": {"app": app}, "ports": [{"port": 80, "targetPort": 7000}]}}
+
+
+SERVICE = service("counter")
 
 
 @pytest.fixture(scope="module")
@@ -277,8 +284,7 @@ def no_archives_left(kube: KubeCluster, name: str) -> None:
 def test_torpor_kube_migrate_moves_a_pod_behind_a_service(kube: KubeCluster,
                                                            agents: dict[str, str]) -> None:
     kube.apply(pod("web", "node-a", kube.workload_image, "torpor", WORKLOAD, app="web"))
-    kube.apply({**SERVICE, "metadata": {"name": "web"},
-                "spec": {**SERVICE["spec"], "selector": {"app": "web"}}})
+    kube.apply(service("web"))
     original = wait_running(kube, "web")
     node_a = kube.nodes["node-a"]
     assert ask(node_a.netns, original["status"]["podIP"], 7000, "SET k v1") == "OK"

@@ -46,7 +46,7 @@ class CriNode(Node):
     """A containerd 2.x node with CRI, a pinned sandbox image and its own CNI bridge."""
 
     def __init__(self, *args: Any, sandbox_image: str, subnet: int, **kwargs: Any) -> None:
-        super().__init__(*args, cri=True, **kwargs)
+        super().__init__(*args, **{**kwargs, "cri": True})
         self.sandbox_image = sandbox_image
         self.subnet = subnet                       # the pods get 10.<subnet>.0.0/24
         self.bridge = f"tcb{uuid.uuid4().hex[:8]}"

@@ -2,21 +2,23 @@
 makes it: its image built from the Containerfile, its pod from node-installer.yaml, one on each
 node, installing and then staying as the node agent `torpor kube migrate` execs into.
 
-- The image: the Containerfile's COPY lines over the test's busybox-static root filesystem
-  (its `FROM busybox:1.36` is not reachable here: busybox-static is the same busybox), pushed to
-  the cluster's registry.
+- The image: the Containerfile's COPY lines over the test's busybox-static root filesystem (its
+  `FROM busybox:1.36` is not reachable here: busybox-static is the same busybox), pushed to the
+  cluster's registry.
 - The pods: the DaemonSet's pod template, read with `kubectl create --dry-run=client`, bound to
   each node by name (there is no scheduler in the test cluster, so no DaemonSet controller
   places them). Their environment points the installer at the node's own containerd, its config
   and torpor's, and at a state directory of the node's under the test's root (not the host's
-  /var/lib/torpor), and at the node containerd's namespaces as the host's (TORPOR_HOST_PID:
-  this machine's pid 1 is outside the test's namespaces); torpor is installed already (TORPOR_SKIP_INSTALL=1: the test's launchers
-  are the node's torpor), and neither containerd nor torpord is (re)started (TORPOR_RESTART and
-  TORPORD none: the config the test wrote has the runtime class, so the merge changes nothing).
+  /var/lib/torpor), and at the node containerd's namespaces as the host's (TORPOR_HOST_PID: this
+  machine's pid 1 is outside the test's namespaces); torpor is installed already
+  (TORPOR_SKIP_INSTALL=1: the test's launchers are the node's torpor), and neither containerd
+  nor torpord is (re)started (TORPOR_RESTART and TORPORD none: the config the test wrote has the
+  runtime class, so the merge changes nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -115,7 +117,7 @@ def start_agents(cluster: KubeCluster) -> dict[str, str]:
                                     "labels": template["metadata"]["labels"]},
                        "spec": spec})
     for name, pod in pods.items():
-        wait_for(lambda pod=pod: _ready(cluster, pod), timeout=120, interval=0.5,
+        wait_for(functools.partial(_ready, cluster, pod), timeout=120, interval=0.5,
                  what=f"the node installer on {name} to be Ready")
     return pods
 

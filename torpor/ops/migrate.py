@@ -33,6 +33,8 @@ from torpor.kube.api import KubeApi, is_ready, pod_path
 from torpor.kube.moved_pod import containers_to_move, failure_of, is_running, moved_pod
 from torpor.reporting import SILENT, Progress
 
+IN_FLIGHT_TRIES = 3
+
 
 @dataclass(frozen=True)
 class MigrateResult:
@@ -66,7 +68,7 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
         archives: dict[str, str] = {}
         for container in containers:
             progress.step(f"checkpointing {container} through kubelet on {source}")
-            archive = api.checkpoint(source, namespace, name, container, timeout_s)
+            archive = _checkpoint(api, source, namespace, name, container, timeout_s, progress)
             archives[container] = archive
             undo.callback(_forget, api, agent, archive)
         checkpointed = time.monotonic()
@@ -90,6 +92,30 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
     return MigrateResult(f"{namespace}/{name}", source, target, moved, images,
                          checkpoint_seconds=checkpointed - started,
                          seconds=time.monotonic() - started, source_deleted=not keep_source)
+
+
+def _checkpoint(api: KubeApi, node: str, namespace: str, name: str, container: str,
+                timeout_s: int, progress: Progress) -> str:
+    """kubelet's checkpoint, tried again when CRIU found a connection the kernel accepted
+    for the workload while it was frozen (in flight, not yet accept()ed): another instant
+    may have none."""
+    for attempt in range(1, IN_FLIGHT_TRIES + 1):
+        try:
+            return api.checkpoint(node, namespace, name, container, timeout_s)
+        except KubeError as e:
+            if "In-flight connection" not in str(e):
+                raise
+            if attempt == IN_FLIGHT_TRIES:
+                raise KubeError(
+                    f"{e}\n{IN_FLIGHT_TRIES} checkpoints of {container} each found a client "
+                    "connection in flight (accepted by the kernel while the workload was "
+                    "frozen): add `skip-in-flight` to /etc/criu/runc.conf on the nodes (runc "
+                    "hands it to CRIU; the source, which runs on, still answers those "
+                    "clients), or migrate when clients are quieter") from None
+            progress.step(f"a client connected to {container} during the checkpoint (in "
+                          f"flight): checkpointing again ({attempt + 1}/{IN_FLIGHT_TRIES})")
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def _image_on_node(api: KubeApi, agent: str, archive: str, ref: str, timeout_s: int) -> str:
