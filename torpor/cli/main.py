@@ -39,7 +39,7 @@ LAZY_COMMANDS = {
     "check": ("torpor.cli.check_cmd", "Check this node: containerd, runc, CRIU, cgroups, GPUs."),
     "runtime-config": ("torpor.cli.runtime_config_cmd",
                        "Print or install the engine configuration for torpor-runc."),
-    "kube": ("torpor.cli.kube_cmd", "Kubernetes: kubelet's archives, checkpoint images, pod migration."),
+    "kube": ("torpor.cli.kube_cmd", "Kubernetes: kubelet's archives, images, pod migration."),
 }
 
 
