@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -90,6 +91,47 @@ def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
             fresh = LineClient("10.77.0.2", 7000)
             assert fresh.ask("GET greeting") == "hello"
             client.close()
+            fresh.close()
+    finally:
+        netns.delete()
+        from .support.netns import ip
+
+        ip("link", "delete", host_if, check=False)
+
+
+def test_a_client_connecting_while_the_workload_is_frozen_does_not_fail_its_checkpoint(
+        node: Node, tmp_path: Path, test_image: dict[str, object]) -> None:
+    """The kernel accepts connections for a frozen process; CRIU, finding one in a listen
+    queue, refuses the whole dump ("In-flight connection"). torpor-runc leaves those out
+    ([checkpoint] skip_in_flight): a paused container is checkpointed, left running, with a
+    client waiting in its listen queue; resumed, it answers that client, and its checkpoint
+    restores with the state."""
+    netns = NetNS("torpor-ctr")
+    host_if, _ = veth_pair(None, "10.76.0.1/24", netns, "10.76.0.2/24")
+    try:
+        with containers(node) as names:
+            names.append("in-flight")
+            node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{netns.path}",
+                     str(test_image["name"]), "in-flight", "kvserver", "7000")
+            client = wait_for(lambda: _connect("10.76.0.2", 7000), what="kvserver on the veth")
+            assert isinstance(client, LineClient)
+            assert client.ask("SET greeting hello") == "OK"
+            client.close()
+            node.ctr("tasks", "pause", "in-flight")
+            waiting = socket.create_connection(("10.76.0.2", 7000), timeout=60)
+            waiting.sendall(b"GET greeting\n")       # in the queue: nobody accept()s it
+            run_torpor(node, "checkpoint", "in-flight", "-o", str(tmp_path / "ck"),
+                       "--leave-running")
+            assert task_status(node, "in-flight") == "PAUSED"   # left as it was
+            node.ctr("tasks", "resume", "in-flight")
+            assert waiting.makefile().readline().strip() == "hello"   # the original answers
+            waiting.close()
+            node.ctr("tasks", "delete", "--force", "in-flight")
+            node.ctr("containers", "delete", "in-flight")
+            run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
+            fresh = wait_for(lambda: _connect("10.76.0.2", 7000), what="the restored kvserver")
+            assert isinstance(fresh, LineClient)
+            assert fresh.ask("GET greeting") == "hello"
             fresh.close()
     finally:
         netns.delete()

@@ -212,7 +212,8 @@ def test_a_torpor_pod_moves_to_another_node_through_the_api_server(kube: KubeClu
 
 def test_a_pod_with_a_sidecar_moves_container_by_container(kube: KubeCluster) -> None:
     """kubelet checkpoints one container per call: each of a two-container pod's containers
-    (the instants differ), each turned into its image, and one pod on node B with both."""
+    (the instants differ, by hand), each turned into its image, and one pod on node B with
+    both."""
     kube.kubectl("apply", "-f", str(RUNTIME_CLASS))
     sidecar = ["sh", "-c", "echo side > /data/side; " + COUNTER]
     spec = pod("pair", "node-a", kube.workload_image, "torpor", WORKLOAD, app="pair")
@@ -330,11 +331,17 @@ def test_torpor_kube_migrate_moves_a_pod_with_a_sidecar_and_can_keep_the_source(
     wait_running(kube, "duo")
     before = {c: counter_above(kube, "duo", 5, container=c) for c in ("counter", "sidecar")}
 
-    done = migrate(kube, "duo", "--to", "node-b", "--keep-source", "--name", "duo-b", "--json")
+    done = migrate(kube, "duo", "--to", "node-b", "--keep-source", "--name", "duo-b")
     assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(done.stdout)
-    assert result["pod"] == "duo-b" and result["source_deleted"] is False
-    assert sorted(result["images"]) == ["counter", "sidecar"]
+    said = done.stderr     # the pod frozen once for both checkpoints, then thawed
+    assert said.index("froze counter sidecar at one instant") < \
+        said.index("checkpointing counter") < said.index("checkpointing sidecar") < \
+        said.index("thawed the pod after") < said.index("building and pushing"), said
+    result = json.loads(kube.kubectl("get", "pod", "duo-b", "-o", "json"))
+    assert result["metadata"]["annotations"]["torpor.io/migrated-from"] == "default/duo@node-a"
+    images = {c["name"]: c["image"] for c in result["spec"]["containers"]}
+    assert sorted(images) == ["counter", "sidecar"] and all(
+        f"/migrated/default/duo/{name}:" in ref for name, ref in images.items())
 
     wait_running(kube, "duo-b")
     for name, value in before.items():
@@ -345,7 +352,9 @@ def test_torpor_kube_migrate_moves_a_pod_with_a_sidecar_and_can_keep_the_source(
     for name in ("duo", "duo-b"):      # the source kept running, untouched
         statuses = kube.pod(name)["status"]["containerStatuses"]
         assert [s["restartCount"] for s in statuses] == [0, 0], json.dumps(statuses)
-    counter_above(kube, "duo", before["counter"] + 1)
+    for name in ("counter", "sidecar"):  # thawed: both of the source's containers count on
+        now = counter(kube, "duo", container=name)
+        counter_above(kube, "duo", now, container=name)
     no_archives_left(kube, "duo")
     for name in ("duo", "duo-b"):
         kube.kubectl("delete", "pod", name, "--wait=false")
@@ -387,3 +396,45 @@ def test_migrate_refuses_in_words_before_anything_is_made(kube: KubeCluster,
     done = migrate(kube, "default/nowhere", "--to", "node-b")
     assert done.returncode == 1 and "reading pod default/nowhere" in done.stderr, done.stderr
     assert "NotFound" in done.stderr or "not found" in done.stderr, done.stderr
+
+
+def cri_tasks(kube: KubeCluster, node: str) -> dict[str, str]:
+    """Task id -> status in the node's CRI namespace, as `ctr task ls` says."""
+    containerd = kube.nodes[node].containerd
+    out = subprocess.run([containerd.ctr_path, "--address", containerd.address, "-n", "k8s.io",
+                          "task", "ls"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0]: line.split()[-1] for line in out.splitlines()[1:] if line.strip()}
+
+
+def test_a_pod_frozen_for_a_migration_thaws_when_its_holder_goes_away(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """`torpor kube freeze` through the agent, as migrate holds it; its kubectl SIGKILLed (the
+    migration died): the pod's containers count on again, each of them."""
+    sidecar = ["sh", "-c", COUNTER]
+    spec = pod("held", "node-a", kube.workload_image, "torpor", WORKLOAD, app="held")
+    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
+                                       "command": sidecar})
+    kube.apply(spec)
+    found = wait_running(kube, "held")
+    for name in ("counter", "sidecar"):
+        counter_above(kube, "held", 2, container=name)
+    holder = subprocess.Popen(
+        ["nsenter", f"--net={kube.cp.path}", str(ecosystem.kube_binary("kubectl")),
+         "--kubeconfig", str(kube.admin), "exec", "-i", "-n", "torpor-system",
+         agents["node-a"], "-c", "install", "--", "/bin/sh",
+         "/installer/torpor/packaging/kubernetes/node-agent.sh", "freeze",
+         found["metadata"]["uid"], "600"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "frozen counter sidecar"
+        assert sorted(cri_tasks(kube, "node-a").values()).count("PAUSED") == 2
+    finally:
+        holder.kill()                  # SIGKILL: no goodbye, only the stream's end
+        holder.wait()
+    wait_for(lambda: "PAUSED" not in cri_tasks(kube, "node-a").values(), timeout=30,
+             interval=0.3, what="the pod to thaw once its holder is gone")
+    for name in ("counter", "sidecar"):
+        now = counter(kube, "held", container=name)
+        counter_above(kube, "held", now, container=name)
+    kube.kubectl("delete", "pod", "held", "--wait=false")

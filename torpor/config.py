@@ -35,6 +35,10 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "rootfs": (bool, True, "save the container's read-write layer inside the image dir"),
         "tcp_established": (bool, False, "defaults for checkpoints started by ctr/nerdctl"),
         "file_locks": (bool, False, ""),
+        "skip_in_flight": (bool, True, "leave out connections a client opened while the "
+                           "workload was frozen, not accepted yet (CRIU refuses the whole "
+                           "checkpoint otherwise): a workload left running still answers them; "
+                           "after a restore their clients connect again"),
         "timeout_s": (int, 300, "how long runc and CRIU may take to dump, plus 10 s per GiB "
                       "of the container's memory; then they are killed, the container runs on"),
     },
@@ -131,6 +135,7 @@ class Config:
         "checkpoint_dev_shm",
         "checkpoint_file_locks",
         "checkpoint_rootfs",
+        "checkpoint_skip_in_flight",
         "checkpoint_tcp_established",
         "checkpoint_timeout_s",
         "checkpoint_volumes",
@@ -182,6 +187,7 @@ class Config:
     checkpoint_volumes: str | list[str]
     checkpoint_dev_shm: bool
     checkpoint_rootfs: bool
+    checkpoint_skip_in_flight: bool
     checkpoint_tcp_established: bool
     checkpoint_file_locks: bool
     checkpoint_timeout_s: int

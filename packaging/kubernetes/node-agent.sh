@@ -9,6 +9,9 @@
 #                                     ARCHIVE is removed afterwards whatever happened: it holds
 #                                     the workload's memory and never leaves the node
 #   node-agent.sh forget ARCHIVE      remove an archive a migration made and did not use
+#   node-agent.sh freeze UID SECONDS  hold the pod's containers frozen (`torpor kube freeze`)
+#                                     until stdin closes or SECONDS pass: the checkpoints taken
+#                                     meanwhile, one per container, are of one instant
 #
 # ARCHIVE must be one of kubelet's checkpoint archives: .../checkpoints/checkpoint-*.tar.
 # Settings (the pod's environment): TORPOR_BIN (/usr/local/bin/torpor), TORPOR_HOST_PID (1: the
@@ -30,17 +33,25 @@ archive_only() {
     esac
 }
 
-[ $# -ge 2 ] || die "usage: node-agent.sh image ARCHIVE REF | forget ARCHIVE"
-verb=$1 archive=$2
-archive_only "$archive"
+usage="usage: node-agent.sh image ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS"
+[ $# -ge 2 ] || die "$usage"
+verb=$1
 case "$verb" in
 image)
-    [ $# -eq 3 ] || die "usage: node-agent.sh image ARCHIVE REF"
+    [ $# -eq 3 ] || die "$usage"
+    archive_only "$2"
     status=0
-    on_host "$TORPOR" kube image "$archive" -t "$3" --json || status=$?
-    on_host rm -f -- "$archive"
+    on_host "$TORPOR" kube image "$2" -t "$3" --json || status=$?
+    on_host rm -f -- "$2"
     exit "$status" ;;
 forget)
-    on_host rm -f -- "$archive" ;;
-*) die "$verb: say image or forget" ;;
+    [ $# -eq 2 ] || die "$usage"
+    archive_only "$2"
+    on_host rm -f -- "$2" ;;
+freeze)
+    [ $# -eq 3 ] || die "$usage"
+    case "$2" in ""|*[!0-9a-f-]*) die "$2: not a pod's UID" ;; esac
+    case "$3" in ""|*[!0-9]*) die "$3: not a number of seconds" ;; esac
+    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" kube freeze "$2" --for "$3s" ;;
+*) die "$usage" ;;
 esac

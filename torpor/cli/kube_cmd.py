@@ -3,6 +3,13 @@ torpor kube migrate: a running pod moved to another node."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
+import sys
+import time
+
 import click
 
 from torpor import config
@@ -25,6 +32,7 @@ def kube_group() -> None:
     torpor kube import ARCHIVE -t REF [--push]  ... as a torpor checkpoint image
     torpor kube image SOURCE -t REF             the image a pod restores from, pushed
     torpor kube migrate NS/POD --to NODE --registry REPO   a running pod to another node
+    torpor kube freeze POD_UID                  a pod's containers held frozen (on its node)
     """
 
 
@@ -136,6 +144,45 @@ def migrate_command(g: Globals, target: str, node: str, repository: str, keep_so
     click.echo(f"moved {result.source} from {result.source_node} to {result.target_node} as "
                f"{result.pod} in {result.seconds:.2f}s (checkpoints "
                f"{result.checkpoint_seconds:.2f}s){kept}")
+
+
+@kube_group.command("freeze")
+@click.argument("pod_uid", metavar="POD_UID")
+@click.option("--for", "hold_s", default="2m", show_default=True, metavar="DURATION",
+              callback=duration_option, help="Resume the pod after this long, whatever else.")
+@click.pass_obj
+def freeze_command(g: Globals, pod_uid: str, hold_s: float) -> None:
+    """Hold a pod's containers frozen on this node, so that checkpoints of each are of one
+    instant: prints `frozen NAME...`, then resumes them when stdin closes, on SIGTERM, SIGINT
+    or SIGHUP, or after --for. `torpor kube migrate` runs it through the node agent."""
+    from torpor.containerd.client import Client
+    from torpor.ops import pod_freeze
+
+    with Client(g.address, pod_freeze.CRI_NAMESPACE) as client, \
+            pod_freeze.frozen(client, pod_uid) as paused:
+        click.echo("frozen " + " ".join(c.name for c in paused))
+        sys.stdout.flush()
+        _hold(hold_s)
+    click.echo("thawed")
+
+
+class _Released(Exception):
+    pass
+
+
+def _hold(seconds: float) -> None:
+    """Until stdin closes, a signal comes or `seconds` pass."""
+    def release(signum: int, frame: object) -> None:
+        raise _Released()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, release)
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(_Released):
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([sys.stdin], [], [], left)
+            if readable and not os.read(sys.stdin.fileno(), 4096):
+                return
 
 
 def _report(result: KubeResult, as_json: bool, line: str) -> None:

@@ -232,6 +232,16 @@ class Client:
                     tasks_pb2.KillRequest(container_id=container_id, signal=signal,
                                           all=all_processes), f"kill task {container_id}")
 
+    def pause_task(self, container_id: str) -> None:
+        self._empty("/containerd.services.tasks.v1.Tasks/Pause",
+                    tasks_pb2.PauseTaskRequest(container_id=container_id),
+                    f"pause task {container_id}")
+
+    def resume_task(self, container_id: str) -> None:
+        self._empty("/containerd.services.tasks.v1.Tasks/Resume",
+                    tasks_pb2.ResumeTaskRequest(container_id=container_id),
+                    f"resume task {container_id}")
+
     def checkpoint_task(self, container_id: str, options: runc_options_pb2.CheckpointOptions,
                         timeout: float | None = None) -> list[types_pb2.Descriptor]:
         from torpor.containerd.runtime import CHECKPOINT_OPTIONS_TYPE_URL, pack_any

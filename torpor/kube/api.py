@@ -10,11 +10,12 @@ plain JSON dicts, unknown fields survive. A node agent is reached with `kubectl 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from torpor.errors import KubeError
 AGENT_NAMESPACE = "torpor-system"
 AGENT_LABEL = "app.kubernetes.io/name=torpor-node-installer"
 AGENT_CONTAINER = "install"
+AGENT_SCRIPT = "/installer/torpor/packaging/kubernetes/node-agent.sh"
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,7 @@ class KubeApi:
     kubeconfig: str | None = None
     context: str | None = None
 
-    def _run(self, args: Sequence[str], what: str, body: dict[str, Any] | None = None,
-             timeout: float = 120) -> str:
+    def _command(self) -> list[str]:
         program = shutil.which(self.kubectl)
         if program is None:
             raise KubeError(f"{self.kubectl}: not found: torpor kube migrate reaches the cluster "
@@ -42,6 +43,11 @@ class KubeApi:
             cmd += ["--kubeconfig", self.kubeconfig]
         if self.context:
             cmd += ["--context", self.context]
+        return cmd
+
+    def _run(self, args: Sequence[str], what: str, body: dict[str, Any] | None = None,
+             timeout: float = 120) -> str:
+        cmd = self._command()
         try:
             done = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
                                   input=json.dumps(body) if body is not None else None)
@@ -115,8 +121,36 @@ class KubeApi:
         """node-agent.sh ARGS in the agent pod (packaging/kubernetes/node-agent.sh); its
         output."""
         return self._run(["exec", "-n", AGENT_NAMESPACE, agent, "-c", AGENT_CONTAINER, "--",
-                          "/bin/sh", "/installer/torpor/packaging/kubernetes/node-agent.sh",
-                          *args], what, timeout=timeout)
+                          "/bin/sh", AGENT_SCRIPT, *args], what, timeout=timeout)
+
+    @contextlib.contextmanager
+    def pod_frozen(self, agent: str, pod_uid: str, seconds: int) -> Iterator[str]:
+        """The pod's containers held frozen on its node (`node-agent.sh freeze`) while the
+        block runs; yields what the agent froze. The hold is kubectl's stdin: closing it, or
+        kubectl going away, thaws the pod; so does the agent's own deadline, `seconds`."""
+        what = f"freezing pod {pod_uid} through {agent}"
+        proc = subprocess.Popen(
+            [*self._command(), "exec", "-i", "-n", AGENT_NAMESPACE, agent, "-c", AGENT_CONTAINER,
+             "--", "/bin/sh", AGENT_SCRIPT, "freeze", pod_uid, str(seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            first = proc.stdout.readline().strip()
+            if not first.startswith("frozen"):
+                proc.stdin.close()
+                proc.wait(timeout=60)
+                raise KubeError(f"{what}: {proc.stderr.read().strip() or first or 'no answer'}")
+            yield first.removeprefix("frozen").strip()
+        finally:
+            proc.stdin.close()     # the hold's end: the agent thaws the pod
+            proc.stdin = None      # (communicate must not flush it)
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+        if proc.returncode != 0 or "thawed" not in out:
+            raise KubeError(f"{what}: the pod may still be frozen: {err.strip() or out.strip()}")
 
 
 def quote(segment: str) -> str:

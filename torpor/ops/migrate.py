@@ -3,7 +3,9 @@ API server with the user's kubeconfig. In order:
  1. the pod (movable: torpor.kube.moved_pod), the target node (Ready) and torpor's node agent
     on the source node (the node installer's pod), found;
  2. each container checkpointed through kubelet's checkpoint API (the API server's node
-    proxy), one after the other; the pod keeps running;
+    proxy), one after the other; the pod keeps running. A pod of several containers is frozen
+    once for all of them (`torpor kube freeze` on its node, through the agent, ops/pod_freeze):
+    their states are of one instant, and the pod is thawed once they are all taken;
  3. each archive turned into its checkpoint image on the source node by the node agent
     (`torpor kube image`: signed with the node's key, encrypted where the node's configuration
     says so), pushed to `repository`; the archive, which holds the workload's memory, removed
@@ -24,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,11 +68,13 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with contextlib.ExitStack() as undo:
         archives: dict[str, str] = {}
-        for container in containers:
-            progress.step(f"checkpointing {container} through kubelet on {source}")
-            archive = _checkpoint(api, source, namespace, name, container, timeout_s, progress)
-            archives[container] = archive
-            undo.callback(_forget, api, agent, archive)
+        with _one_instant(api, agent, original, len(containers) * timeout_s, progress):
+            for container in containers:
+                progress.step(f"checkpointing {container} through kubelet on {source}")
+                archive = _checkpoint(api, source, namespace, name, container, timeout_s,
+                                      progress)
+                archives[container] = archive
+                undo.callback(_forget, api, agent, archive)
         checkpointed = time.monotonic()
         images: dict[str, str] = {}
         for container, archive in archives.items():
@@ -92,6 +96,21 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
     return MigrateResult(f"{namespace}/{name}", source, target, moved, images,
                          checkpoint_seconds=checkpointed - started,
                          seconds=time.monotonic() - started, source_deleted=not keep_source)
+
+
+@contextlib.contextmanager
+def _one_instant(api: KubeApi, agent: str, pod: dict[str, Any], seconds: int,
+                 progress: Progress) -> Iterator[None]:
+    """A pod of several containers frozen once, for all of their checkpoints (kubelet takes
+    one container per call): their states are of one instant."""
+    if len(pod["spec"]["containers"]) < 2:
+        yield
+        return
+    started = time.monotonic()
+    with api.pod_frozen(agent, pod["metadata"]["uid"], seconds) as frozen:
+        progress.step(f"froze {frozen} at one instant")
+        yield
+    progress.step(f"thawed the pod after {time.monotonic() - started:.2f}s")
 
 
 def _checkpoint(api: KubeApi, node: str, namespace: str, name: str, container: str,

@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -162,12 +165,15 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                 t = time.monotonic()
                 saved = files.save(pid, config, policy, image_path, ctx.log)
                 timings["files_s"] = time.monotonic() - t
-                env = None
+                env: dict[str, str] | None
                 if two_phase and journal is not None:
                     journal.mark(names.PENDING_STATE, _state(
                         container_id, pid, criu, policy, network, saved, tree, gpu, timings,
                         started, we_froze, seal).dumps().decode())
-                    env = post_dump.install(journal, ctx.cfg.runtime_state_dir)
+                    env = post_dump.install(journal, ctx.cfg.runtime_state_dir,
+                                            criu_lines(ctx))
+                else:
+                    env = undo.enter_context(criu_config(ctx))
                 t = time.monotonic()
                 ran = run_runc(ctx, argv, guardian, env, journal, pid, hold_fd=runtime_lock)
                 timings["runc_checkpoint_s"] = time.monotonic() - t
@@ -211,7 +217,7 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
     hook = pre_dump.PreDumpHook.install(cgroup, journal.path if journal else None,
-                                        ctx.cfg.runtime_state_dir)
+                                        ctx.cfg.runtime_state_dir, criu_lines(ctx))
     we_froze = False
     saved = SavedFiles()
     try:
@@ -230,6 +236,29 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
             thaw_unless_gone(cgroup, ctx.log)
         hook.remove()
     return ran, we_froze, saved
+
+
+def criu_lines(ctx: Context) -> tuple[str, ...]:
+    """CRIU's options torpor-runc adds to runc's, by the node's configuration."""
+    return ("skip-in-flight",) if ctx.cfg.checkpoint_skip_in_flight else ()
+
+
+@contextlib.contextmanager
+def criu_config(ctx: Context) -> Iterator[dict[str, str] | None]:
+    """runc's environment naming a CRIU configuration with criu_lines (None: runc's own
+    environment), for a checkpoint without torpor's hooks; removed afterwards."""
+    lines = criu_lines(ctx)
+    if not lines:
+        yield None
+        return
+    os.makedirs(ctx.cfg.runtime_state_dir, mode=0o700, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="criu-", dir=ctx.cfg.runtime_state_dir)
+    try:
+        path = os.path.join(directory, "criu.conf")
+        post_dump.write_action_config(path, None, lines)
+        yield {**os.environ, "CRIU_CONFIG_FILE": path}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _runc_failed(inv: Invocation, journal: Journal | None, two_phase: bool,

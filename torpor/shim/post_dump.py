@@ -45,8 +45,9 @@ CONFIG = "criu.conf"
 RUNC_STARTED = "TORPOR_RUNC_STARTED"
 
 
-def install(journal: Journal, state_dir: str) -> dict[str, str]:
-    """Write the hook and CRIU's configuration into the journal; the environment for runc."""
+def install(journal: Journal, state_dir: str, criu_lines: tuple[str, ...] = ()) -> dict[str, str]:
+    """Write the hook and CRIU's configuration (with `criu_lines`) into the journal; the
+    environment for runc."""
     paths = [p for p in sys.path if p]
     code = (f"import sys; sys.path[:0] = {paths!r}; "
             "from torpor.shim.post_dump import main; sys.exit(main(sys.argv))")
@@ -56,14 +57,16 @@ def install(journal: Journal, state_dir: str) -> dict[str, str]:
                               code=shlex.quote(code), journal=shlex.quote(journal.path),
                               state_dir=shlex.quote(state_dir)))
     os.chmod(script, 0o700)
-    write_action_config(journal.file(CONFIG), script)
+    write_action_config(journal.file(CONFIG), script, criu_lines)
     return {**os.environ, "CRIU_CONFIG_FILE": journal.file(CONFIG),
             RUNC_STARTED: repr(time.time())}
 
 
-def write_action_config(path: str, script: str) -> None:
+def write_action_config(path: str, script: str | None, lines: tuple[str, ...] = ()) -> None:
     """A CRIU configuration file at `path`: the caller's CRIU_CONFIG_FILE, if any, then
-    `action-script SCRIPT` (CRIU runs the script at each of its action points)."""
+    `action-script SCRIPT` (CRIU runs the script at each of its action points) and `lines`
+    (options, as `skip-in-flight`). CRIU reads the file named by CRIU_CONFIG_FILE in swrk mode
+    too, before runc's own request, which sets only the options it names."""
     inherited = ""
     if os.environ.get("CRIU_CONFIG_FILE"):
         try:
@@ -71,7 +74,8 @@ def write_action_config(path: str, script: str) -> None:
                 inherited = f.read().rstrip("\n") + "\n"
         except OSError:
             inherited = ""
-    write_atomic(path, f"{inherited}action-script {script}\n".encode(), mode=0o600)
+    own = ([f"action-script {script}"] if script else []) + list(lines)
+    write_atomic(path, (inherited + "".join(f"{line}\n" for line in own)).encode(), mode=0o600)
 
 
 def main(argv: list[str]) -> int:

@@ -66,7 +66,8 @@ exit 1
 class PreDumpHook:
     """The hook for one `runc checkpoint`: where it lives, and what it did."""
 
-    def __init__(self, directory: str, cgroup: Cgroup, own_directory: bool) -> None:
+    def __init__(self, directory: str, cgroup: Cgroup, own_directory: bool,
+                 criu_lines: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self._own = own_directory
         script = os.path.join(directory, HOOK)
@@ -79,16 +80,18 @@ class PreDumpHook:
             f.write(HEADER.format(mark=mark) + body.format(cg=cg) + FOOTER.format(thaw=thaw))
         os.chmod(script, 0o700)
         self.config = os.path.join(directory, CONFIG)
-        write_action_config(self.config, script)
+        write_action_config(self.config, script, criu_lines)
 
     @classmethod
-    def install(cls, cgroup: Cgroup, directory: str | None, state_dir: str) -> PreDumpHook:
-        """In `directory` (the checkpoint's journal), or a private one under `state_dir`."""
+    def install(cls, cgroup: Cgroup, directory: str | None, state_dir: str,
+                criu_lines: tuple[str, ...] = ()) -> PreDumpHook:
+        """In `directory` (the checkpoint's journal), or a private one under `state_dir`;
+        `criu_lines`: more of CRIU's options for its configuration."""
         if directory is not None:
-            return cls(directory, cgroup, own_directory=False)
+            return cls(directory, cgroup, own_directory=False, criu_lines=criu_lines)
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         return cls(tempfile.mkdtemp(prefix="pre-dump-", dir=state_dir), cgroup,
-                   own_directory=True)
+                   own_directory=True, criu_lines=criu_lines)
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         return {**(base if base is not None else os.environ), "CRIU_CONFIG_FILE": self.config}
