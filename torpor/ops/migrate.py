@@ -128,9 +128,10 @@ def _checkpoint(api: KubeApi, node: str, namespace: str, name: str, container: s
                 raise KubeError(
                     f"{e}\n{IN_FLIGHT_TRIES} checkpoints of {container} each found a client "
                     "connection in flight (accepted by the kernel while the workload was "
-                    "frozen): add `skip-in-flight` to /etc/criu/runc.conf on the nodes (runc "
-                    "hands it to CRIU; the source, which runs on, still answers those "
-                    "clients), or migrate when clients are quieter") from None
+                    "frozen): under the torpor runtime class, set [checkpoint] skip_in_flight "
+                    "= true on the node; under another, add `skip-in-flight` to "
+                    "/etc/criu/runc.conf (runc hands it to CRIU; the source, which runs on, "
+                    "still answers those clients)") from None
             progress.step(f"a client connected to {container} during the checkpoint (in "
                           f"flight): checkpointing again ({attempt + 1}/{IN_FLIGHT_TRIES})")
             time.sleep(0.2 * attempt)

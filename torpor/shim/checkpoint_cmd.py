@@ -22,7 +22,10 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
     are killed (never the container) and the steps before are undone. For a
     `torpor checkpoint` that stops the container, CRIU's post-dump hook (torpor.shim.post_dump)
     holds the container until that `torpor` has written the whole checkpoint: commit, and CRIU
-    stops it; abort (or that `torpor` dies), and CRIU lets it run on;
+    stops it; abort (or that `torpor` dies), and CRIU lets it run on. runc's CRIU reads a
+    configuration of torpor's too (CRIU_CONFIG_FILE): `skip-in-flight` ([checkpoint]
+    skip_in_flight), so that a client the kernel accepted for the frozen workload fails
+    nothing;
  7. write torpor-state.json, the CRIU options in force included, so restore can put them back
     (the post-dump hook writes it in the two-phase stop, before the checkpoint is written); in
     a pod, runc's descriptors.json becomes torpor's, so only torpor-runc restores it;
