@@ -438,3 +438,53 @@ def test_a_pod_frozen_for_a_migration_thaws_when_its_holder_goes_away(
         now = counter(kube, "held", container=name)
         counter_above(kube, "held", now, container=name)
     kube.kubectl("delete", "pod", "held", "--wait=false")
+
+
+def test_torpor_kube_migrate_to_containerd_2_4_restores_on_create(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """containerd 2.4 no longer restores through CreateContainer: node C's torpor does, where
+    its `[restore] on_create = "signed"` allows it. migrate asks node C's agent, builds a torpor
+    checkpoint image on node A (signed with A's key, which C trusts), and kubelet's plain
+    CreateContainer on C restores it."""
+    kube.apply(pod("far", "node-a", kube.workload_image, "torpor", WORKLOAD, app="far"))
+    wait_running(kube, "far")
+    before = counter_above(kube, "far", 5)
+
+    done = migrate(kube, "default/far", "--to", "node-c", "--name", "far-c")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "node-c (containerd 2.4" in done.stderr and \
+        "restores through torpor's restore on create (signed)" in done.stderr, done.stderr
+    wait_running(kube, "far-c")
+    first = counter(kube, "far-c")
+    assert first >= before, f"the counter restarted on node C: {first} < {before}"
+    counter_above(kube, "far-c", first)
+    assert pod_exec(kube, "far-c", "cat", "/data/note") == "kept"
+    assert pod_exec(kube, "far-c", "cat", "/dev/shm/note") == "in-shm"
+    assert restarts(kube.pod("far-c")) == 0
+    assert sandbox_handlers(kube, "node-c")["far-c"] == "torpor"
+    wait_for(lambda: kube.kubectl_run("get", "pod", "far").returncode != 0, timeout=60,
+             interval=0.5, what="the original pod to be deleted")
+    no_archives_left(kube, "far")
+    kube.kubectl("delete", "pod", "far-c", "--wait=false")
+
+
+def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_made(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """Node C with `[restore] on_create = "off"`: its containerd 2.4 cannot restore, so
+    migrate says so, and checkpoints nothing."""
+    config = kube.nodes["node-c"].containerd.torpor_config
+    kept = config.read_text()
+    config.write_text(kept.replace('on_create = "signed"', 'on_create = "off"'))
+    try:
+        kube.apply(pod("stay", "node-a", kube.workload_image, "torpor", WORKLOAD, app="stay"))
+        wait_running(kube, "stay")
+        done = migrate(kube, "default/stay", "--to", "node-c")
+    finally:
+        config.write_text(kept)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "node node-c (containerd 2.4" in done.stderr and \
+        'on_create is "off": set it to "signed"' in done.stderr, done.stderr
+    assert "checkpointing" not in done.stderr
+    assert moved_from(kube, "default/stay") == []
+    assert restarts(kube.pod("stay")) == 0
+    kube.kubectl("delete", "pod", "stay", "--wait=false")

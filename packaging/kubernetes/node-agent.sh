@@ -8,7 +8,10 @@
 #                                     node's key, encrypted as the node's config says), pushed;
 #                                     ARCHIVE is removed afterwards whatever happened: it holds
 #                                     the workload's memory and never leaves the node
+#   node-agent.sh import ARCHIVE REF  the same as a torpor checkpoint image (`torpor kube import
+#                                     --push`): what a node restores through restore on create
 #   node-agent.sh forget ARCHIVE      remove an archive a migration made and did not use
+#   node-agent.sh node                how this node restores pods (`torpor kube node --json`)
 #   node-agent.sh freeze UID SECONDS  hold the pod's containers frozen (`torpor kube freeze`)
 #                                     until stdin closes or SECONDS pass: the checkpoints taken
 #                                     meanwhile, one per container, are of one instant
@@ -33,17 +36,24 @@ archive_only() {
     esac
 }
 
-usage="usage: node-agent.sh image ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS"
-[ $# -ge 2 ] || die "$usage"
+usage="usage: node-agent.sh image|import ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS | node"
+[ $# -ge 1 ] || die "$usage"
 verb=$1
 case "$verb" in
-image)
+image|import)
     [ $# -eq 3 ] || die "$usage"
     archive_only "$2"
     status=0
-    on_host "$TORPOR" kube image "$2" -t "$3" --json || status=$?
+    if [ "$verb" = image ]; then
+        on_host "$TORPOR" kube image "$2" -t "$3" --json || status=$?
+    else
+        on_host "$TORPOR" -n k8s.io kube import "$2" -t "$3" --push --json || status=$?
+    fi
     on_host rm -f -- "$2"
     exit "$status" ;;
+node)
+    [ $# -eq 1 ] || die "$usage"
+    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" -n k8s.io kube node --json ;;
 forget)
     [ $# -eq 2 ] || die "$usage"
     archive_only "$2"

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomlkit
 
 from . import ecosystem, kube_network
 from .cri import SANDBOX_CMD, SANDBOX_IMAGE, CriNode, push_layout
@@ -37,7 +40,9 @@ from .world import World
 
 NET = "10.77.0"
 API_SERVER = f"https://{NET}.1:6443"
-NODES = (("node-a", 11, 10250, 201), ("node-b", 12, 10260, 202))   # name, address, port, pods
+# name, address, kubelet's port, pod subnet, containerd (ecosystem.CONTAINERD_VERSIONS)
+NODES = (("node-a", 11, 10250, 201, "2"), ("node-b", 12, 10260, 202, "2"),
+         ("node-c", 13, 10270, 203, "2.4"))
 
 
 class KubeCluster:
@@ -51,6 +56,7 @@ class KubeCluster:
         self.bridge = "tkbr0"
         self.daemons: list[Daemon] = []
         self.sysctls_at_start = self.host_sysctls()
+        self.signer = self.pki.signing_key("checkpoint-signer")
         self.nodes: dict[str, KubeNode] = {}
         self.proxies: list[Daemon] = []
         self.registry: Registry | None = None
@@ -79,13 +85,15 @@ class KubeCluster:
         write_layout(self.base / "sandbox-layout", SANDBOX_IMAGE, cmd=SANDBOX_CMD)
         sandbox = self.publish(self.base / "sandbox-layout", SANDBOX_IMAGE)
         self.workload_image = self.publish(self.world.image_layout, "torpor-test/busybox:1")
-        for name, host, port, subnet in NODES:
+        for name, host, port, subnet, version in NODES:
             netns = NetNS("torpor-kn")
             self.namespaces.append(netns)
             join_bridge(netns, self.cp, self.bridge, f"{NET}.{host}/24")
-            containerd = CriNode(self.base / "nodes", name, self.world.bin, self.world.config,
-                                 netns=netns, sandbox_image=sandbox, subnet=subnet,
-                                 containerd_bin=ecosystem.containerd_bin("2"),
+            containerd = CriNode(self.base / "nodes", name, self.world.bin,
+                                 self._torpor_config(name, version), netns=netns,
+                                 sandbox_image=sandbox, subnet=subnet,
+                                 containerd_bin=ecosystem.containerd_bin(version),
+                                 runc=ecosystem.runc_path("1.3") if version == "2.4" else None,
                                  extra_env={"SSL_CERT_FILE": str(self.ca)})
             node = KubeNode(self.base, name, f"{NET}.{host}", port, containerd, netns)
             self.nodes[name] = node
@@ -98,6 +106,20 @@ class KubeCluster:
         self.proxies = [kube_network.start_proxy(self.pki, API_SERVER, node)
                         for node in self.nodes.values()]
         return self
+
+    def _torpor_config(self, name: str, version: str) -> Path:
+        """The world's torpor config, plus: every node signs what it pushes with the cluster's
+        key and trusts it; a containerd that does not restore pods itself (2.4) restores signed
+        checkpoints on create."""
+        config = tomllib.loads(self.world.config.read_text())
+        config.setdefault("image", {})["signing_key"] = str(self.signer)
+        restore = config.setdefault("restore", {})
+        restore["trusted_keys"] = [str(self.signer.with_suffix(".pub"))]
+        if version == "2.4":
+            restore["on_create"] = "signed"
+        path = self.base / f"torpor-{name}.toml"
+        path.write_text(tomlkit.dumps(config))
+        return path
 
     def _wait_ready(self, node: KubeNode) -> None:
         wait_for(lambda: self._ready(node), timeout=120, interval=0.5,

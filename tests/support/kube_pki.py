@@ -39,6 +39,15 @@ class Pki:
         openssl("pkey", "-in", str(self.service_account.key), "-pubout",
                 "-out", str(self.service_account.cert))
 
+    def signing_key(self, name: str) -> Path:
+        """An EC P-256 key (NAME.pem) and its public half beside it (NAME.pub): cosign's kind,
+        as a node's [image] signing_key and [restore] trusted_keys take them."""
+        key = self.dir / f"{name}.pem"
+        openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                "-out", str(key))
+        openssl("pkey", "-in", str(key), "-pubout", "-out", str(key.with_suffix(".pub")))
+        return key
+
     def issue(self, name: str, common_name: str, organization: str | None = None,
               ips: tuple[str, ...] = (), dns: tuple[str, ...] = ()) -> Pair:
         """A certificate signed by the CA, for serving (with `ips`/`dns`) and as a client."""

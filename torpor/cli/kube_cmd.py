@@ -33,6 +33,7 @@ def kube_group() -> None:
     torpor kube image SOURCE -t REF             the image a pod restores from, pushed
     torpor kube migrate NS/POD --to NODE --registry REPO   a running pod to another node
     torpor kube freeze POD_UID                  a pod's containers held frozen (on its node)
+    torpor kube node                            how this node restores pods
     """
 
 
@@ -144,6 +145,27 @@ def migrate_command(g: Globals, target: str, node: str, repository: str, keep_so
     click.echo(f"moved {result.source} from {result.source_node} to {result.target_node} as "
                f"{result.pod} in {result.seconds:.2f}s (checkpoints "
                f"{result.checkpoint_seconds:.2f}s){kept}")
+
+
+@kube_group.command("node")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def node_command(g: Globals, as_json: bool) -> None:
+    """How this node restores a pod from a checkpoint image: through containerd's CRI (2.1 to
+    2.3), through torpor's restore on create ([restore] on_create), or not at all."""
+    from torpor.ops import kube_node
+
+    with g.client() as client:
+        found = kube_node.pod_restore(client, config.load())
+    if as_json:
+        emit_json(found.to_json())
+        return
+    how = {"cri": "through containerd's CRI (torpor kube image)",
+           "on-create": f"through torpor's restore on create ({found.on_create}; torpor kube "
+                        "import --push)",
+           "none": "not at all: set [restore] on_create = \"signed\" (docs/kubernetes.md)"}
+    click.echo(f"containerd {found.containerd}: pods restore {how[found.restore]}; this node "
+               f"{'signs' if found.signs else 'does not sign'} what it pushes")
 
 
 @kube_group.command("freeze")

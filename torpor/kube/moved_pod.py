@@ -9,7 +9,8 @@ Refused, in words, before anything is made:
   adopt the moved pod and scale one of the two away, or replace the original once it goes;
 - native sidecars (init containers with restartPolicy Always): not moved yet.
 
-The new pod keeps labels (a Service finds it), annotations (but kubectl's last-applied copy),
+The new pod keeps labels (a Service finds it), annotations (but kubectl's last-applied copy
+and io.torpor.restore.cold-start),
 volumes, the runtime class and every container setting but the image. Init containers that ran
 to completion are left out: their work is in the checkpoint (the emptyDir volumes come back),
 and running them again could undo it. Its hostname is the original's name, as the restored
@@ -25,7 +26,9 @@ from typing import Any
 from torpor.errors import KubeError
 
 MIGRATED_FROM = "torpor.io/migrated-from"           # NAMESPACE/POD@NODE
-DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# kubectl's copy of what was applied; a cold start asked for (the moved pod must restore)
+DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",
+                       "io.torpor.restore.cold-start")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 

@@ -63,6 +63,7 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
     if not is_ready(api.node(target)):
         raise KubeError(f"node {target} is not Ready")
     agent = api.agent_on(source)
+    verb = _restore_path(api, agent, source, target, progress)
     progress.step(f"moving {namespace}/{name} ({', '.join(containers)}) from {source} to "
                   f"{target} (node agent {agent})")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -80,7 +81,7 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
         for container, archive in archives.items():
             ref = f"{repository.rstrip('/')}/{namespace}/{name}/{container}:{stamp}"
             progress.step(f"building and pushing {ref} on {source}")
-            images[container] = _image_on_node(api, agent, archive, ref, timeout_s)
+            images[container] = _image_on_node(api, agent, verb, archive, ref, timeout_s)
         manifest = moved_pod(original, images, target, new_name)
         progress.step(f"creating the pod on {target}")
         created = api.post(pod_path(namespace), manifest,
@@ -138,16 +139,51 @@ def _checkpoint(api: KubeApi, node: str, namespace: str, name: str, container: s
     raise AssertionError("unreachable")
 
 
-def _image_on_node(api: KubeApi, agent: str, archive: str, ref: str, timeout_s: int) -> str:
-    out = api.run_agent(agent, ["image", archive, ref],
-                        f"building the checkpoint image {ref} on the node", timeout_s + 60)
-    start = 0 if out.startswith("{") else out.find("\n{")      # torpor kube image --json
+def _restore_path(api: KubeApi, agent: str, source: str, target: str,
+                  progress: Progress) -> str:
+    """How `target` restores the pod (its node agent says: ops/kube_node): the node agent's
+    verb that makes the image it restores from, `image` (containerd's CRI) or `import`
+    (torpor's restore on create); refused in words where it cannot restore, or would refuse
+    what `source` pushes."""
+    facts = _agent_json(api, api.agent_on(target), ["node"], f"asking {target} how it restores")
+    how, version = facts.get("restore"), facts.get("containerd")
+    if how == "cri":
+        progress.step(f"{target} (containerd {version}) restores through containerd's CRI")
+        return "image"
+    if how != "on-create":
+        raise KubeError(
+            f"node {target} (containerd {version}) cannot restore a pod from a checkpoint: its "
+            "containerd does not restore through CreateContainer, and its torpor's [restore] "
+            'on_create is "off": set it to "signed" there (docs/kubernetes.md)')
+    if facts.get("on_create") == "signed" and not _agent_json(
+            api, agent, ["node"], f"asking {source} what it signs").get("signs"):
+        raise KubeError(
+            f'node {target} restores only signed checkpoints ([restore] on_create = "signed") '
+            f"and node {source} signs nothing it pushes: set [image] signing_key on {source} "
+            f"and trust its public key on {target} ([restore] trusted_keys)")
+    progress.step(f"{target} (containerd {version}) restores through torpor's restore on "
+                  f"create ({facts.get('on_create')})")
+    return "import"
+
+
+def _agent_json(api: KubeApi, agent: str, args: list[str], what: str,
+                timeout: float = 120) -> dict[str, Any]:
+    """The node agent's JSON answer (torpor's --json, after any progress lines)."""
+    out = api.run_agent(agent, args, what, timeout)
+    start = 0 if out.startswith("{") else out.find("\n{")
     made: object = None
     if start >= 0:
         with contextlib.suppress(ValueError):
             made = json.loads(out[start:])
     if not isinstance(made, dict):
-        raise KubeError(f"the node agent built {ref} but printed no result: {out[-300:]!r}")
+        raise KubeError(f"{what}: the node agent printed no result: {out[-300:]!r}")
+    return made
+
+
+def _image_on_node(api: KubeApi, agent: str, verb: str, archive: str, ref: str,
+                   timeout_s: int) -> str:
+    made = _agent_json(api, agent, [verb, archive, ref],
+                       f"building the checkpoint image {ref} on the node", timeout_s + 60)
     reference = made.get("reference")
     if not isinstance(reference, str):
         raise KubeError(f"the node agent did not push {ref}: {made!r}")
