@@ -15,7 +15,8 @@
 #                       built from its pinned module like the tools below
 #   bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, built from pinned Go modules
 #                       (packaging/go/<tool>/: go.mod and go.sum, the hashes the toolchain checks)
-#   kubernetes/bin/     kubelet, kube-apiserver, kubectl, kube-controller-manager, kube-proxy
+#   kubernetes/bin/     kubelet, kube-apiserver, kubectl, kube-controller-manager, kube-proxy,
+#                       kube-scheduler
 #                       (v1.37.x) and etcd, from one pinned module graph: the test cluster's
 #                       (about 10 CPU-minutes and 3.7 GB of build cache, built once)
 #   go/                 Debian sid's Go, only where the machine has no go new enough
@@ -51,7 +52,7 @@ GO_TOOLS=(
     "containerd-2.4|github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2|0|no_btrfs|github.com/containerd/containerd/v2/version.Version={v} github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
     # PACKAGE=NAME names a binary (etcd's main package is .../server/v3); kubelet's build tags
     # and -X settings as Kubernetes' own build makes them, cgo for all (kubelet needs it)
-    "kubernetes|k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy go.etcd.io/etcd/server/v3=etcd|1|selinux notest grpcnotrace|k8s.io/component-base/version.gitVersion={v} k8s.io/client-go/pkg/version.gitVersion={v}|heavy"
+    "kubernetes|k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3=etcd|1|selinux notest grpcnotrace|k8s.io/component-base/version.gitVersion={v} k8s.io/client-go/pkg/version.gitVersion={v}|heavy"
 )
 PREFIX=${TORPOR_PREFIX:-/usr/local}
 DEPS=$PREFIX/lib/torpor-deps

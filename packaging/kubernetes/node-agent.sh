@@ -17,11 +17,15 @@
 #                                     meanwhile, one per container, are of one instant
 #
 # ARCHIVE must be one of kubelet's checkpoint archives: .../checkpoints/checkpoint-*.tar.
-# Settings (the pod's environment): TORPOR_BIN (/usr/local/bin/torpor), TORPOR_HOST_PID (1: the
+# Settings (the pod's environment, then the node's TORPOR_NODE_ENV file): TORPOR_BIN (/usr/local/bin/torpor), TORPOR_HOST_PID (1: the
 # process whose namespaces are the host's), and torpor's own (TORPOR_CONFIG, CONTAINERD_ADDRESS,
 # SSL_CERT_FILE...).
 set -eu
 
+# this node's own settings, as the installer read them (node-installer.yaml: TORPOR_NODE_ENV)
+if [ -n "${TORPOR_NODE_ENV:-}" ] && [ -f "/host$TORPOR_NODE_ENV" ]; then
+    set -a; . "/host$TORPOR_NODE_ENV"; set +a
+fi
 TORPOR=${TORPOR_BIN:-/usr/local/bin/torpor}
 die() { printf 'torpor-node-agent: %s\n' "$*" >&2; exit 2; }
 on_host() { nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$@"; }

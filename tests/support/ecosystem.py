@@ -6,8 +6,8 @@ Everything lives in a private prefix, `$TORPOR_PREFIX/lib/torpor-deps` (TORPOR_P
     containerd-2/bin/   containerd, ctr, containerd-shim-runc-v2 of containerd 2.x (2.1)
     containerd-2.4/bin/ the same of containerd 2.4, built from its pinned Go module
     bin/                runc 1.3.x, nerdctl, crictl, checkpointctl, cosign
-    kubernetes/bin/     kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager and
-                        kube-proxy (the test cluster's)
+    kubernetes/bin/     kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager,
+                        kube-scheduler and kube-proxy (the test cluster's)
 
 Debian's containerd 1.6 and runc 1.1.5 stay on PATH; a node asks for the others by version
 (`CONTAINERD_VERSIONS`, `RUNC_VERSIONS`).
@@ -33,7 +33,7 @@ CONTAINERD_VERSIONS = ("1.6", "2", "2.4")
 RUNC_VERSIONS = ("1.1", "1.3")
 TOOLS = ("runc", "nerdctl", "crictl", "checkpointctl", "cosign")
 KUBE_TOOLS = ("kubelet", "kube-apiserver", "kubectl", "etcd", "kube-controller-manager",
-              "kube-proxy")
+              "kube-scheduler", "kube-proxy")
 
 
 def containerd_bin(version: str) -> Path | None:
@@ -58,8 +58,8 @@ def tool(name: str) -> Path:
 
 
 def kube_binary(name: str) -> Path:
-    """kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager or kube-proxy, built by
-    install-deps.sh."""
+    """kubelet, kube-apiserver, kubectl, etcd, kube-controller-manager, kube-scheduler or
+    kube-proxy, built by install-deps.sh."""
     if name not in KUBE_TOOLS:
         raise ValueError(f"{name!r} is not one of the Kubernetes binaries install-deps.sh builds")
     return KUBE_BIN / name

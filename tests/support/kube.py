@@ -1,15 +1,19 @@
-"""A small real Kubernetes cluster on temporary roots: one API server and two kubelets.
+"""A small real Kubernetes cluster on temporary roots: one API server and three kubelets.
 
 - The control plane's network namespace holds etcd (on its 127.0.0.1), kube-apiserver (:6443,
-  `--authorization-mode=Node,RBAC`, no scheduler and no controller-manager: pods name their node),
-  a registry (TLS, its certificate from the cluster's CA) and the bridge the nodes join
-  (10.77.0.0/24, the API server at .1). The host's networks are not touched.
-- Each node (tests/support/kube_node.py) is a namespace of its own on that bridge (.11, .12),
-  with its own containerd 2.x (CRI, the torpor runtime class from `torpor runtime-config`, a CNI
-  bridge for its pods) and its own kubelet. containerd trusts the cluster's CA (SSL_CERT_FILE),
+  `--authorization-mode=Node,RBAC`, privileged pods allowed), a registry (TLS, its certificate
+  from the cluster's CA) and the bridge the nodes join (10.77.0.0/24, the API server at .1). The
+  host's networks are not touched.
+- Each node (tests/support/kube_node.py) is a namespace of its own on that bridge (.11, .12,
+  .13), with its own containerd (2.1 on A and B, 2.4 over runc 1.3 on C; CRI, the torpor runtime
+  class from `torpor runtime-config`, a CNI bridge for its pods) and its own kubelet. Every node
+  signs what it pushes with the cluster's key and trusts it; C restores signed checkpoints on
+  create. containerd trusts the cluster's CA (SSL_CERT_FILE),
   for pulls and for the base image a restore pulls by digest.
-- Services work (tests/support/kube_network.py): kube-controller-manager (EndpointSlices only)
-  beside the API server, kube-proxy in each node's namespace, routes between the nodes' pods.
+- Services work (tests/support/kube_network.py): kube-controller-manager (EndpointSlices and
+  DaemonSets only) beside the API server, kube-proxy in each node's namespace, routes between
+  the nodes' pods; kube-scheduler places what a controller makes (the tests' pods name their
+  node).
 - `kubectl` runs in the control plane's namespace with an admin kubeconfig (`system:masters`).
 
 Everything is stopped by pid: the kube-proxies, the kubelets, then each containerd with its
@@ -103,9 +107,19 @@ class KubeCluster:
         kube_network.route_between(list(self.nodes.values()))
         self.daemons.append(kube_network.start_controller_manager(self.pki, API_SERVER, self.cp,
                                                                   self.base))
+        self.daemons.append(self._start_scheduler())
         self.proxies = [kube_network.start_proxy(self.pki, API_SERVER, node)
                         for node in self.nodes.values()]
         return self
+
+    def _start_scheduler(self) -> Daemon:
+        """kube-scheduler, for the pods a controller makes (the node installer's DaemonSet);
+        the tests' own pods name their node."""
+        client = self.pki.issue("scheduler", "system:kube-scheduler", "system:masters")
+        return Daemon(self.cp, self.base / "kube-scheduler.log",
+                      str(ecosystem.kube_binary("kube-scheduler")),
+                      "--kubeconfig", str(self.pki.kubeconfig("scheduler", API_SERVER, client)),
+                      "--leader-elect=false", "--secure-port", "0")
 
     def _torpor_config(self, name: str, version: str) -> Path:
         """The world's torpor config, plus: every node signs what it pushes with the cluster's

@@ -1,24 +1,24 @@
 """torpor's node installer in the test cluster (tests/support/kube.py), as packaging/kubernetes
-makes it: its image built from the Containerfile, its pod from node-installer.yaml, one on each
-node, installing and then staying as the node agent `torpor kube migrate` execs into.
+makes it: its image built from the Containerfile, node-installer.yaml applied with kubectl once
+every node is labelled torpor.io/node=true; the DaemonSet controller and kube-scheduler place its
+pod on each node, where it installs and then stays as the node agent `torpor kube migrate`
+execs into.
 
 - The image: the Containerfile's COPY lines over the test's busybox-static root filesystem (its
   `FROM busybox:1.36` is not reachable here: busybox-static is the same busybox), pushed to the
-  cluster's registry.
-- The pods: the DaemonSet's pod template, read with `kubectl create --dry-run=client`, bound to
-  each node by name (there is no scheduler in the test cluster, so no DaemonSet controller
-  places them). Their environment points the installer at the node's own containerd, its config
-  and torpor's, and at a state directory of the node's under the test's root (not the host's
-  /var/lib/torpor), and at the node containerd's namespaces as the host's (TORPOR_HOST_PID: this
-  machine's pid 1 is outside the test's namespaces); torpor is installed already
-  (TORPOR_SKIP_INSTALL=1: the test's launchers are the node's torpor), and neither containerd
-  nor torpord is (re)started (TORPOR_RESTART and TORPORD none: the config the test wrote has the
-  runtime class, so the merge changes nothing).
+  cluster's registry; the DaemonSet's image set to it.
+- Each node's own settings are in its TORPOR_NODE_ENV file (the manifest's per-node settings,
+  the DaemonSet pointing at DIR/$(NODE_NAME).env): the node's containerd, its config and
+  torpor's, a state directory under the test's root (not the host's /var/lib/torpor), and the
+  node containerd's pid as the host's (TORPOR_HOST_PID: this machine's pid 1 is outside the
+  test's namespaces, /proc/1/ns cannot be opened); torpor is installed already
+  (TORPOR_SKIP_INSTALL=1: the test's launchers are the node's torpor), and neither containerd nor
+  torpord is (re)started (TORPOR_RESTART and TORPORD none: the config the test wrote has the
+  runtime class, so the merge changes nothing, as the installer's log says).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shlex
@@ -63,20 +63,21 @@ def publish_installer(cluster: KubeCluster) -> str:
     return cluster.publish(layout, "torpor/torpor-node-installer:0.1.0")
 
 
-def installer_template(cluster: KubeCluster) -> dict[str, Any]:
+def installer_manifest(cluster: KubeCluster) -> list[dict[str, Any]]:
+    """node-installer.yaml's objects, as kubectl reads them."""
     out = cluster.kubectl("create", "--dry-run=client", "-o", "json", "-f",
                           str(KUBERNETES / "node-installer.yaml"))
-    objects, at = [], 0
+    objects: list[dict[str, Any]] = []
+    at = 0
     while out[at:].strip():                 # one JSON document per object, one after another
-        found, end = json.JSONDecoder().raw_decode(out, at + len(out[at:]) - len(out[at:].lstrip()))
+        found, at = json.JSONDecoder().raw_decode(out, len(out) - len(out[at:].lstrip()))
         objects.append(found)
-        at = end
-    daemonset = next(i for i in objects if i["kind"] == "DaemonSet")
-    template: dict[str, Any] = daemonset["spec"]["template"]
-    return template
+    return objects
 
 
 def node_env(cluster: KubeCluster, name: str, state: Path) -> dict[str, str]:
+    """The node's own settings (its TORPOR_NODE_ENV file): its containerd, torpor's config, the
+    cluster's CA, and where the installer keeps its state."""
     node = cluster.nodes[name].containerd
     env = {k: v for k, v in node.env.items() if os.environ.get(k) != v}
     env.update({
@@ -94,42 +95,51 @@ def node_env(cluster: KubeCluster, name: str, state: Path) -> dict[str, str]:
 
 
 def start_agents(cluster: KubeCluster) -> dict[str, str]:
-    """The installer's pod on every node, Ready (it installed); node -> pod name."""
+    """node-installer.yaml applied as a user applies it, once every node is labelled; each
+    node's settings in its own TORPOR_NODE_ENV file; the DaemonSet's pod Ready (it installed)
+    on every node. node -> its pod's name."""
     image = publish_installer(cluster)
-    cluster.kubectl("create", "namespace", "torpor-system")
-    template = installer_template(cluster)
-    pods = {}
+    settings = cluster.base / "node-env"
+    settings.mkdir()
     for name in cluster.nodes:
-        state = cluster.base / f"agent-state-{name}"
-        spec = json.loads(json.dumps(template["spec"]))
-        spec.pop("nodeSelector", None)
-        spec["nodeName"] = name
-        spec.pop("priorityClassName", None)   # no such class without the scheduler's defaults
-        container = spec["containers"][0]
-        container["image"] = image
-        wanted = node_env(cluster, name, state)
-        container["env"] = [e for e in container.get("env") or [] if e["name"] not in wanted]
-        container["env"] += [{"name": k, "value": v} for k, v in sorted(wanted.items())]
-        container["readinessProbe"]["periodSeconds"] = 1
-        pods[name] = f"torpor-node-installer-{name}"
-        cluster.apply({"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": pods[name], "namespace": "torpor-system",
-                                    "labels": template["metadata"]["labels"]},
-                       "spec": spec})
-    for name, pod in pods.items():
-        wait_for(functools.partial(_ready, cluster, pod), timeout=120, interval=0.5,
-                 what=f"the node installer on {name} to be Ready")
-    return pods
+        env = node_env(cluster, name, cluster.base / f"agent-state-{name}")
+        (settings / f"{name}.env").write_text(
+            "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
+        cluster.kubectl("label", "node", name, "torpor.io/node=true")
+    manifest = installer_manifest(cluster)
+    daemonset = next(i for i in manifest if i["kind"] == "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = image
+    for entry in container["env"]:
+        if entry["name"] == "TORPOR_NODE_ENV":
+            entry["value"] = f"{settings}/$(NODE_NAME).env"
+    container["readinessProbe"]["periodSeconds"] = 1
+    cluster.kubectl("apply", "-f", "-",
+                    input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifest}))
+    found: dict[str, str] = {}
+
+    def every_node_ready() -> bool:
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", "torpor-system", "-o", "json"))
+        for p in pods["items"]:
+            _check_alive(cluster, p)
+            if all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}]):
+                found[p["spec"]["nodeName"]] = p["metadata"]["name"]
+        return sorted(found) == sorted(cluster.nodes)
+
+    wait_for(every_node_ready, timeout=180, interval=0.5,
+             what="the node installer's DaemonSet to be Ready on every node")
+    return found
 
 
-def _ready(cluster: KubeCluster, pod: str) -> bool:
-    found = json.loads(cluster.kubectl("get", "pod", "-n", "torpor-system", pod, "-o", "json"))
-    statuses = found["status"].get("containerStatuses") or []
-    for s in statuses:
+def _check_alive(cluster: KubeCluster, pod: dict[str, Any]) -> None:
+    """An installer that ended failed: its log says why."""
+    for s in pod["status"].get("containerStatuses") or []:
         ended = s["state"].get("terminated") or s.get("lastState", {}).get("terminated")
-        assert not ended, cluster.kubectl("logs", "-n", "torpor-system", pod, "--previous"
-                                          if not s["state"].get("terminated") else "--tail=50")
-    return bool(statuses) and all(s.get("ready") for s in statuses)
+        if ended:
+            name = pod["metadata"]["name"]
+            raise AssertionError(cluster.kubectl_run("logs", "-n", "torpor-system", name,
+                                                     "--previous").stdout or
+                                 installer_log(cluster, name))
 
 
 def installer_log(cluster: KubeCluster, pod: str) -> str:

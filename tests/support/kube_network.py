@@ -1,8 +1,9 @@
 """Services in the test cluster (tests/support/kube.py): what makes a Service's ClusterIP reach
 its pods on any node.
 
-- kube-controller-manager in the control plane's namespace, with the EndpointSlice controller
-  only (no serving port, no leader election): a Service's EndpointSlice follows its Ready pods;
+- kube-controller-manager in the control plane's namespace, with the EndpointSlice and
+  DaemonSet controllers only (no serving port, no leader election): a Service's EndpointSlice
+  follows its Ready pods, and torpor's node installer (a DaemonSet) gets its pods;
 - kube-proxy (iptables mode) in each node's namespace, as `system:kube-proxy` (RBAC's
   `system:node-proxier`), with conntrack left as it is (`maxPerCore: 0`, no timeouts: those are
   the machine's, not the namespace's); its iptables rules and sysctls are the namespace's own;
@@ -45,7 +46,7 @@ def start_controller_manager(pki: Pki, server: str, cp: NetNS, base: Path) -> Da
     return Daemon(cp, base / "kube-controller-manager.log",
                   str(ecosystem.kube_binary("kube-controller-manager")),
                   "--kubeconfig", str(pki.kubeconfig("controller-manager", server, client)),
-                  "--controllers", "endpointslice", "--leader-elect=false",
+                  "--controllers", "endpointslice,daemonset", "--leader-elect=false",
                   "--secure-port", "0")
 
 
