@@ -471,7 +471,7 @@ def test_torpor_kube_migrate_to_containerd_2_4_restores_on_create(
 def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_made(
         kube: KubeCluster, agents: dict[str, str]) -> None:
     """Node C with `[restore] on_create = "off"`: its containerd 2.4 cannot restore, so
-    migrate says so, and checkpoints nothing."""
+    migrate says so, and checkpoints nothing; nor does it move a pod of plain runc."""
     config = kube.nodes["node-c"].containerd.torpor_config
     kept = config.read_text()
     config.write_text(kept.replace('on_create = "signed"', 'on_create = "off"'))
@@ -488,3 +488,13 @@ def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_mad
     assert moved_from(kube, "default/stay") == []
     assert restarts(kube.pod("stay")) == 0
     kube.kubectl("delete", "pod", "stay", "--wait=false")
+
+    # a plain runc pod: kubelet's archive of it holds no emptyDir, and on node C it would
+    # start cold; refused, whatever the target
+    kube.apply(pod("bare", "node-a", kube.workload_image, None, WORKLOAD, app="bare"))
+    wait_running(kube, "bare")
+    done = migrate(kube, "default/bare", "--to", "node-b")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "runs under no runtime class (plain runc)" in done.stderr, done.stderr
+    assert "checkpointing" not in done.stderr and moved_from(kube, "default/bare") == []
+    kube.kubectl("delete", "pod", "bare", "--wait=false")

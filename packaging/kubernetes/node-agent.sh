@@ -12,6 +12,8 @@
 #                                     --push`): what a node restores through restore on create
 #   node-agent.sh forget ARCHIVE      remove an archive a migration made and did not use
 #   node-agent.sh node                how this node restores pods (`torpor kube node --json`)
+#   node-agent.sh restored POD_UID    which of the pod's containers torpor-runc restored here
+#                                     (`torpor kube restored`): none may have started cold
 #   node-agent.sh freeze UID SECONDS  hold the pod's containers frozen (`torpor kube freeze`)
 #                                     until stdin closes or SECONDS pass: the checkpoints taken
 #                                     meanwhile, one per container, are of one instant
@@ -23,8 +25,9 @@
 set -eu
 
 # this node's own settings, as the installer read them (node-installer.yaml: TORPOR_NODE_ENV)
-if [ -n "${TORPOR_NODE_ENV:-}" ] && [ -f "/host$TORPOR_NODE_ENV" ]; then
-    set -a; . "/host$TORPOR_NODE_ENV"; set +a
+if [ -n "${TORPOR_NODE_ENV:-}" ]; then
+    . "$(dirname "$0")/node-env.sh"
+    read_node_env "/host$TORPOR_NODE_ENV" || exit 2
 fi
 TORPOR=${TORPOR_BIN:-/usr/local/bin/torpor}
 die() { printf 'torpor-node-agent: %s\n' "$*" >&2; exit 2; }
@@ -40,7 +43,7 @@ archive_only() {
     esac
 }
 
-usage="usage: node-agent.sh image|import ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS | node"
+usage="usage: node-agent.sh image|import ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS | restored POD_UID | node"
 [ $# -ge 1 ] || die "$usage"
 verb=$1
 case "$verb" in
@@ -55,6 +58,10 @@ image|import)
     fi
     on_host rm -f -- "$2"
     exit "$status" ;;
+restored)
+    [ $# -eq 2 ] || die "$usage"
+    case "$2" in ""|*[!0-9a-f-]*) die "$2: not a pod's UID" ;; esac
+    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" kube restored "$2" ;;
 node)
     [ $# -eq 1 ] || die "$usage"
     exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" -n k8s.io kube node --json ;;

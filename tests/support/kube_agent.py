@@ -103,8 +103,8 @@ def start_agents(cluster: KubeCluster) -> dict[str, str]:
     settings.mkdir()
     for name in cluster.nodes:
         env = node_env(cluster, name, cluster.base / f"agent-state-{name}")
-        (settings / f"{name}.env").write_text(
-            "".join(f"{k}={shlex.quote(v)}\n" for k, v in sorted(env.items())))
+        (settings / f"{name}.env").write_text(     # KEY=value, literally (node-env.sh)
+            "".join(f"{k}={v}\n" for k, v in sorted(env.items())))
         cluster.kubectl("label", "node", name, "torpor.io/node=true")
     manifest = installer_manifest(cluster)
     daemonset = next(i for i in manifest if i["kind"] == "DaemonSet")

@@ -41,6 +41,10 @@ def test_a_running_pod_moves_every_container_in_order() -> None:
     (lambda p: p["spec"]["initContainers"].append(
         {"name": "proxy", "image": "p", "restartPolicy": "Always"}), "native sidecar"),
     (lambda p: p["status"].update(phase="Pending"), "Pending, not Running"),
+    (lambda p: p["spec"]["volumes"].append({"name": "db", "persistentVolumeClaim": {
+        "claimName": "db"}}), "volumes that do not move with it: db .persistentVolumeClaim."),
+    (lambda p: p["spec"]["volumes"].append({"name": "h", "hostPath": {"path": "/srv"}}),
+     "h .hostPath."),
     (lambda p: p["status"]["containerStatuses"][1].update(state={"waiting": {}}),
      "side not running"),
 ])

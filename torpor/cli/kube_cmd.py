@@ -20,6 +20,7 @@ from torpor.cli.target_flags import check_target
 from torpor.kube.api import KubeApi
 from torpor.ops import kube, migrate
 from torpor.ops.kube import KubeResult
+from torpor.ops.transaction import signals_abort
 
 
 @click.group("kube")
@@ -34,6 +35,7 @@ def kube_group() -> None:
     torpor kube migrate NS/POD --to NODE --registry REPO   a running pod to another node
     torpor kube freeze POD_UID                  a pod's containers held frozen (on its node)
     torpor kube node                            how this node restores pods
+    torpor kube restored POD_UID                which of its containers were restored here
     """
 
 
@@ -135,9 +137,11 @@ def migrate_command(g: Globals, target: str, node: str, repository: str, keep_so
     ready. On any failure the original keeps running and what was made is removed."""
     namespace, _, name = target.rpartition("/")
     api = KubeApi(kubectl=kubectl, kubeconfig=kubeconfig, context=context)
-    result = migrate.migrate(api, namespace or "default", name, node, repository=repository,
-                             keep_source=keep_source, new_name=new_name, timeout_s=int(timeout),
-                             progress=g.progress(quiet=as_json))
+    with signals_abort():    # SIGTERM and SIGHUP undo what was made, as Ctrl-C does
+        result = migrate.migrate(api, namespace or "default", name, node,
+                                 repository=repository, keep_source=keep_source,
+                                 new_name=new_name, timeout_s=int(timeout),
+                                 progress=g.progress(quiet=as_json))
     if as_json:
         emit_json(result.to_json())
         return
@@ -168,6 +172,21 @@ def node_command(g: Globals, as_json: bool) -> None:
                f"{'signs' if found.signs else 'does not sign'} what it pushes")
 
 
+@kube_group.command("restored")
+@click.argument("pod_uid", metavar="POD_UID")
+@click.pass_obj
+def restored_command(g: Globals, pod_uid: str) -> None:
+    """Which of a pod's containers on this node torpor-runc restored at create, and which
+    started cold (JSON: {"restored": [...], "cold": [...]})."""
+    from torpor.containerd.client import Client
+    from torpor.ops import kube_node
+    from torpor.ops.pod_freeze import CRI_NAMESPACE
+
+    with Client(g.address, CRI_NAMESPACE) as client:
+        done, cold = kube_node.restored(client, config.load(), pod_uid)
+    emit_json({"restored": done, "cold": cold})
+
+
 @kube_group.command("freeze")
 @click.argument("pod_uid", metavar="POD_UID")
 @click.option("--for", "hold_s", default="2m", show_default=True, metavar="DURATION",
@@ -175,36 +194,39 @@ def node_command(g: Globals, as_json: bool) -> None:
 @click.pass_obj
 def freeze_command(g: Globals, pod_uid: str, hold_s: float) -> None:
     """Hold a pod's containers frozen on this node, so that checkpoints of each are of one
-    instant: prints `frozen NAME...`, then resumes them when stdin closes, on SIGTERM, SIGINT
-    or SIGHUP, or after --for. `torpor kube migrate` runs it through the node agent."""
+    instant: prints `frozen NAME...`, then resumes them when stdin closes (`thawed`), or on
+    SIGTERM, SIGINT or SIGHUP, or after --for (`thawed early`, exit 1: the holder did not let
+    go). `torpor kube migrate` runs it through the node agent."""
     from torpor.containerd.client import Client
     from torpor.ops import pod_freeze
 
+    signalled: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):   # before anything is paused
+        signal.signal(sig, lambda signum, frame: signalled.append(signum))
+    # the node's OOM killer takes anything before this
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
     with Client(g.address, pod_freeze.CRI_NAMESPACE) as client, \
             pod_freeze.frozen(client, pod_uid) as paused:
         click.echo("frozen " + " ".join(c.name for c in paused))
         sys.stdout.flush()
-        _hold(hold_s)
+        let_go = _hold(hold_s, signalled)
+    if not let_go:
+        click.echo("thawed early: " + (f"signal {signalled[0]}" if signalled
+                                       else f"--for {hold_s:.0f}s passed"))
+        sys.exit(1)
     click.echo("thawed")
 
 
-class _Released(Exception):
-    pass
-
-
-def _hold(seconds: float) -> None:
-    """Until stdin closes, a signal comes or `seconds` pass."""
-    def release(signum: int, frame: object) -> None:
-        raise _Released()
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, release)
+def _hold(seconds: float, signalled: list[int]) -> bool:
+    """Until stdin closes (True), a signal comes or `seconds` pass (False)."""
     deadline = time.monotonic() + seconds
-    with contextlib.suppress(_Released):
-        while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([sys.stdin], [], [], left)
+    while not signalled and (left := deadline - time.monotonic()) > 0:
+        with contextlib.suppress(InterruptedError):
+            readable, _, _ = select.select([sys.stdin], [], [], min(left, 0.2))
             if readable and not os.read(sys.stdin.fileno(), 4096):
-                return
+                return True
+    return False
 
 
 def _report(result: KubeResult, as_json: bool, line: str) -> None:

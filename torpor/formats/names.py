@@ -48,6 +48,9 @@ CRIU_DUMP_LOG = "criu-dump.log"
 CHECKPOINT_ENV = "TORPOR_CHECKPOINT"
 # runc's state directory of a container torpor-runc restored at create: `start` has nothing to do
 RESTORED_ON_CREATE = "torpor-restored-on-create"
+# [runtime] state_dir/RESTORED_RECORDS/<namespace>-<container id>: torpor-runc restored that
+# container at create (what it restored, one line); `torpor kube restored` reads them
+RESTORED_RECORDS = "restored-on-create"
 
 # What torpor-runc keeps in a checkpoint's image directory, beside CRIU's own files: flat files
 # named torpor-*, never a folder. containerd's CRI (kubelet's checkpoints) copies that directory

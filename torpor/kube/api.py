@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import shutil
 import subprocess
 import urllib.parse
@@ -25,6 +26,7 @@ AGENT_NAMESPACE = "torpor-system"
 AGENT_LABEL = "app.kubernetes.io/name=torpor-node-installer"
 AGENT_CONTAINER = "install"
 AGENT_SCRIPT = "/installer/torpor/packaging/kubernetes/node-agent.sh"
+FREEZE_ANSWER_S = 120      # pausing a pod's containers: containerd answers in well under this
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,26 @@ class KubeApi:
     def node(self, name: str) -> dict[str, Any]:
         return self.get(f"/api/v1/nodes/{quote(name)}", f"reading node {name}")
 
+    def runtime_class_handler(self, name: str) -> str | None:
+        """The handler of RuntimeClass `name`; None where there is no such class."""
+        try:
+            found = self.get(f"/apis/node.k8s.io/v1/runtimeclasses/{quote(name)}",
+                             f"reading RuntimeClass {name}")
+        except KubeError as e:
+            if "NotFound" in str(e) or "not found" in str(e):
+                return None
+            raise
+        handler = found.get("handler")
+        return handler if isinstance(handler, str) else None
+
     def agent_on(self, node: str) -> str:
         """The name of torpor's node agent pod on `node` (the node installer's, Ready)."""
         query = urllib.parse.urlencode({"labelSelector": AGENT_LABEL,
                                         "fieldSelector": f"spec.nodeName={node}"})
         found = self.get(f"/api/v1/namespaces/{AGENT_NAMESPACE}/pods?{query}",
                          f"looking for torpor's node agent on {node}")
-        ready = [str(p["metadata"]["name"]) for p in found.get("items") or [] if is_ready(p)]
+        ready = [str(p["metadata"]["name"]) for p in found.get("items") or []
+                 if is_ready(p) and not p["metadata"].get("deletionTimestamp")]
         if not ready:
             raise KubeError(
                 f"no Ready torpor node agent on node {node} (pods labelled {AGENT_LABEL} in "
@@ -127,30 +142,47 @@ class KubeApi:
     def pod_frozen(self, agent: str, pod_uid: str, seconds: int) -> Iterator[str]:
         """The pod's containers held frozen on its node (`node-agent.sh freeze`) while the
         block runs; yields what the agent froze. The hold is kubectl's stdin: closing it, or
-        kubectl going away, thaws the pod; so does the agent's own deadline, `seconds`."""
+        kubectl going away, thaws the pod; so does the agent's own deadline, `seconds`, which
+        fails the block (its checkpoints may not be of one instant)."""
         what = f"freezing pod {pod_uid} through {agent}"
         proc = subprocess.Popen(
             [*self._command(), "exec", "-i", "-n", AGENT_NAMESPACE, agent, "-c", AGENT_CONTAINER,
              "--", "/bin/sh", AGENT_SCRIPT, "freeze", pod_uid, str(seconds)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        assert proc.stdin is not None and proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], FREEZE_ANSWER_S)
+        first = proc.stdout.readline().strip() if ready else ""
+        if not first.startswith("frozen"):
+            problem = _release(proc)
+            raise KubeError(f"{what}: {problem or first or 'no answer'}")
         try:
-            first = proc.stdout.readline().strip()
-            if not first.startswith("frozen"):
-                proc.stdin.close()
-                proc.wait(timeout=60)
-                raise KubeError(f"{what}: {proc.stderr.read().strip() or first or 'no answer'}")
             yield first.removeprefix("frozen").strip()
-        finally:
-            proc.stdin.close()     # the hold's end: the agent thaws the pod
-            proc.stdin = None      # (communicate must not flush it)
-            try:
-                out, err = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-        if proc.returncode != 0 or "thawed" not in out:
-            raise KubeError(f"{what}: the pod may still be frozen: {err.strip() or out.strip()}")
+        except BaseException as e:
+            problem = _release(proc)
+            if problem:
+                raise KubeError(f"{e}\n{what}: the pod may still be frozen: {problem}") from e
+            raise
+        problem = _release(proc)
+        if problem:
+            raise KubeError(f"{what}: the pod may still be frozen, or was thawed before its "
+                            f"checkpoints were done: {problem}")
+
+
+def _release(proc: subprocess.Popen[str]) -> str:
+    """End a hold (close kubectl's stdin); what went wrong with the thaw, or "" when the agent
+    said `thawed` and exited 0."""
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+    proc.stdin = None            # (communicate must not flush it)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    if proc.returncode == 0 and out.strip().endswith("thawed"):
+        return ""
+    return (err.strip() or out.strip() or f"kubectl exited with status {proc.returncode}")
 
 
 def quote(segment: str) -> str:

@@ -7,7 +7,10 @@ Refused, in words, before anything is made:
   waiting container has nothing to restore);
 - a pod a controller owns (ReplicaSet, StatefulSet, Job, DaemonSet...): the controller would
   adopt the moved pod and scale one of the two away, or replace the original once it goes;
-- native sidecars (init containers with restartPolicy Always): not moved yet.
+- native sidecars (init containers with restartPolicy Always): not moved yet;
+- volumes other than emptyDir (saved with the checkpoint) and those kubelet makes from the API
+  (configMap, secret, projected, downwardAPI): a persistentVolumeClaim, hostPath, CSI or NFS
+  volume would be shared by the two pods, or not attach on the target.
 
 The new pod keeps labels (a Service finds it), annotations (but kubectl's last-applied copy
 and io.torpor.restore.cold-start),
@@ -29,6 +32,8 @@ MIGRATED_FROM = "torpor.io/migrated-from"           # NAMESPACE/POD@NODE
 # kubectl's copy of what was applied; a cold start asked for (the moved pod must restore)
 DROPPED_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",
                        "io.torpor.restore.cold-start")
+# saved with the checkpoint (emptyDir), or made again by kubelet on the target from the API
+MOVABLE_VOLUMES = ("emptyDir", "configMap", "secret", "projected", "downwardAPI")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -54,6 +59,13 @@ def containers_to_move(pod: dict[str, Any], target: str) -> list[str]:
     if sidecars:
         raise KubeError(f"pod {name} has native sidecar containers ({', '.join(sidecars)}): "
                         "they are not moved yet")
+    shared = [f"{v['name']} ({kind})" for v in spec.get("volumes") or []
+              for kind in v if kind != "name" and kind not in MOVABLE_VOLUMES]
+    if shared:
+        raise KubeError(f"pod {name} has volumes that do not move with it: {', '.join(shared)}; "
+                        "the moved pod and the original would share them, or the target could "
+                        "not attach them: torpor kube migrate moves pods whose volumes are "
+                        f"{', '.join(MOVABLE_VOLUMES)}")
     if status.get("phase") != "Running":
         raise KubeError(f"pod {name} is {status.get('phase') or 'in no phase'}, not Running")
     names = [c["name"] for c in spec["containers"]]
@@ -96,6 +108,9 @@ def moved_pod(pod: dict[str, Any], images: dict[str, str], target: str,
 def failure_of(pod: dict[str, Any]) -> str | None:
     """Why a pod will not run, as kubelet says it (a container waiting on an error, one that
     ended or restarted), or None while it may still come up."""
+    for s in (pod.get("status") or {}).get("containerStatuses") or []:
+        if s.get("restartCount"):
+            return f"container {s['name']} restarted ({s['restartCount']} times)"
     status = pod.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
         return f"the pod is {status['phase']}: {status.get('reason', '')} {status.get('message', '')}".strip()

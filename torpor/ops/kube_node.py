@@ -41,3 +41,20 @@ def pod_restore(client: Client, cfg: Config) -> PodRestore:
         restore = "on-create" if cfg.restore_on_create in ("signed", "on") else "none"
     return PodRestore(version_str(version), restore, cfg.restore_on_create,
                       bool(cfg.image_signing_key))
+
+
+def restored(client: Client, cfg: Config, pod_uid: str) -> tuple[list[str], list[str]]:
+    """The names of the pod's running containers that torpor-runc restored at create on this
+    node (its records: torpor.shim.create_cmd.record), and of those it did not."""
+    import os
+
+    from torpor.formats import names
+    from torpor.ops.pod_freeze import CRI_NAMESPACE, pod_containers
+
+    records = os.path.join(cfg.runtime_state_dir, names.RESTORED_RECORDS)
+    done: list[str] = []
+    cold: list[str] = []
+    for c in pod_containers(client, pod_uid):
+        was = os.path.exists(os.path.join(records, f"{CRI_NAMESPACE}-{c.id}"))
+        (done if was else cold).append(c.name)
+    return done, cold

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,7 @@ from torpor.kube.moved_pod import containers_to_move, failure_of, is_running, mo
 from torpor.reporting import SILENT, Progress
 
 IN_FLIGHT_TRIES = 3
+TORPOR_HANDLER = "torpor"     # the runtime handler `torpor runtime-config` installs
 
 
 @dataclass(frozen=True)
@@ -62,14 +64,16 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
     source = original["spec"]["nodeName"]
     if not is_ready(api.node(target)):
         raise KubeError(f"node {target} is not Ready")
+    _check_runtime_class(api, original)
     agent = api.agent_on(source)
-    verb = _restore_path(api, agent, source, target, progress)
+    target_agent = api.agent_on(target)
+    verb = _restore_path(api, agent, target_agent, original, target, progress)
     progress.step(f"moving {namespace}/{name} ({', '.join(containers)}) from {source} to "
                   f"{target} (node agent {agent})")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with contextlib.ExitStack() as undo:
         archives: dict[str, str] = {}
-        with _one_instant(api, agent, original, len(containers) * timeout_s, progress):
+        with _one_instant(api, agent, original, timeout_s, progress):
             for container in containers:
                 progress.step(f"checkpointing {container} through kubelet on {source}")
                 archive = _checkpoint(api, source, namespace, name, container, timeout_s,
@@ -82,18 +86,19 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
             ref = f"{repository.rstrip('/')}/{namespace}/{name}/{container}:{stamp}"
             progress.step(f"building and pushing {ref} on {source}")
             images[container] = _image_on_node(api, agent, verb, archive, ref, timeout_s)
-        manifest = moved_pod(original, images, target, new_name)
+        moved = new_name or f"{name[:57]}-{secrets.token_hex(2)}"
+        manifest = moved_pod(original, images, target, moved)
         progress.step(f"creating the pod on {target}")
-        created = api.post(pod_path(namespace), manifest,
-                           f"creating the moved pod in {namespace}")
-        moved = created["metadata"]["name"]
-        undo.callback(_delete_new_pod, api, namespace, moved)
+        undo.callback(_delete_new_pod, api, namespace, moved)   # before: an answer may be lost
+        api.post(pod_path(namespace), manifest, f"creating the moved pod in {namespace}")
         progress.step(f"waiting for {namespace}/{moved} to run on {target}")
-        _wait_running(api, namespace, moved, timeout_s, images)
-        undo.pop_all()     # the moved pod runs: nothing of it is undone from here
+        uid = _wait_running(api, namespace, moved, timeout_s, images)
+        if verb == "import":
+            _check_restored(api, target_agent, target, namespace, moved, uid, images)
+        undo.pop_all()     # the moved pod runs its restored state: nothing of it is undone now
     if not keep_source:
         progress.step(f"deleting {namespace}/{name} on {source}")
-        api.delete(pod_path(namespace, name), f"deleting the original pod {namespace}/{name}")
+        _delete_source(api, namespace, name, original["metadata"].get("uid"), moved)
     return MigrateResult(f"{namespace}/{name}", source, target, moved, images,
                          checkpoint_seconds=checkpointed - started,
                          seconds=time.monotonic() - started, source_deleted=not keep_source)
@@ -139,13 +144,15 @@ def _checkpoint(api: KubeApi, node: str, namespace: str, name: str, container: s
     raise AssertionError("unreachable")
 
 
-def _restore_path(api: KubeApi, agent: str, source: str, target: str,
-                  progress: Progress) -> str:
+def _restore_path(api: KubeApi, agent: str, target_agent: str, pod: dict[str, Any],
+                  target: str, progress: Progress) -> str:
     """How `target` restores the pod (its node agent says: ops/kube_node): the node agent's
     verb that makes the image it restores from, `image` (containerd's CRI) or `import`
-    (torpor's restore on create); refused in words where it cannot restore, or would refuse
-    what `source` pushes."""
-    facts = _agent_json(api, api.agent_on(target), ["node"], f"asking {target} how it restores")
+    (torpor's restore on create); refused in words where it cannot restore, would refuse what
+    the source pushes, or would start the pod cold (restore on create is torpor-runc's: only a
+    pod whose runtime class runs it is restored)."""
+    source = pod["spec"]["nodeName"]
+    facts = _agent_json(api, target_agent, ["node"], f"asking {target} how it restores")
     how, version = facts.get("restore"), facts.get("containerd")
     if how == "cri":
         progress.step(f"{target} (containerd {version}) restores through containerd's CRI")
@@ -164,6 +171,50 @@ def _restore_path(api: KubeApi, agent: str, source: str, target: str,
     progress.step(f"{target} (containerd {version}) restores through torpor's restore on "
                   f"create ({facts.get('on_create')})")
     return "import"
+
+
+def _check_runtime_class(api: KubeApi, pod: dict[str, Any]) -> None:
+    """Only a pod under torpor's runtime class moves whole: torpor-runc saves its emptyDir
+    volumes and /dev/shm with the checkpoint (kubelet's archive of a plain runc container
+    holds neither: they would come back empty), and only torpor-runc restores on create (a
+    plain runc would start it cold there)."""
+    runtime_class = pod["spec"].get("runtimeClassName")
+    handler = api.runtime_class_handler(runtime_class) if runtime_class else None
+    if handler != TORPOR_HANDLER:
+        under = (f"runtime class {runtime_class!r} (handler {handler!r})" if runtime_class
+                 else "no runtime class (plain runc)")
+        raise KubeError(
+            f"pod {pod['metadata'].get('namespace', 'default')}/{pod['metadata']['name']} runs "
+            f"under {under}: torpor kube migrate moves pods of a runtime class whose handler is "
+            f"{TORPOR_HANDLER!r} (packaging/kubernetes/runtimeclass.yaml), whose volumes and "
+            "/dev/shm are saved with them and which a target of any containerd restores")
+
+
+def _check_restored(api: KubeApi, agent: str, target: str, namespace: str, name: str,
+                    uid: str, images: dict[str, str]) -> None:
+    """Each container of the moved pod was restored by torpor-runc on `target`, not started
+    cold (its node agent reads torpor-runc's records): only then may the source go."""
+    found = _agent_json(api, agent, ["restored", uid], f"asking {target} what it restored")
+    cold = sorted(set(images) - set(found.get("restored") or []))
+    if cold:
+        raise KubeError(f"the moved pod {namespace}/{name} started on {target} without its "
+                        f"state (not restored by torpor: {', '.join(cold)}); it is removed and "
+                        f"the original left running (its checkpoint images stay: "
+                        f"{', '.join(images.values())})")
+
+
+def _delete_source(api: KubeApi, namespace: str, name: str, uid: str | None,
+                   moved: str) -> None:
+    """The original, only if it is still the pod that was checkpointed (same UID)."""
+    try:
+        now = api.pod(namespace, name)
+        if uid and now["metadata"].get("uid") != uid:
+            raise KubeError(f"{namespace}/{name} is another pod now (UID {now['metadata'].get('uid')}"
+                            f", not {uid}): left as it is")
+        api.delete(pod_path(namespace, name), f"deleting the original pod {namespace}/{name}")
+    except KubeError as e:
+        raise KubeError(f"{e}\nthe moved pod {namespace}/{moved} runs; the original was not "
+                        "deleted") from None
 
 
 def _agent_json(api: KubeApi, agent: str, args: list[str], what: str,
@@ -191,13 +242,14 @@ def _image_on_node(api: KubeApi, agent: str, verb: str, archive: str, ref: str,
 
 
 def _wait_running(api: KubeApi, namespace: str, name: str, timeout_s: int,
-                  images: dict[str, str]) -> None:
+                  images: dict[str, str]) -> str:
+    """Until every container runs, none restarted, and the pod is Ready; its UID."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = api.pod(namespace, name)
-        if is_running(found):
-            return
         why = failure_of(found)
+        if why is None and is_running(found) and is_ready(found):
+            return str(found["metadata"].get("uid", ""))
         if why is not None:
             raise KubeError(f"the moved pod {namespace}/{name} did not start: {why} "
                             f"(its checkpoint images stay: {', '.join(images.values())})")

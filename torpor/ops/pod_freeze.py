@@ -8,16 +8,20 @@ kubelet checkpoints every container of a pod at one instant.
    before the caller is told; a checkpoint of a paused container leaves it paused (CRIU keeps a
    frozen cgroup frozen), so every checkpoint taken meanwhile is of the same instant;
 3. every container paused here is resumed when the hold ends, whatever ends it: the caller lets
-   go, the caller goes away (its stdin closes), a signal, or the deadline. A container that
-   fails to pause resumes the ones already paused before the error is raised.
+   go, the caller goes away (its stdin closes), a signal, or the deadline; each resume is tried
+   again for about 10 s (containerd restarting). A container that fails to pause resumes the
+   ones already paused before the error is raised.
 
 A pod is never left frozen by a holder that went away; a container that was paused before
-(`ctr task pause`) is neither counted nor resumed.
+(`ctr task pause`) is neither counted nor resumed. What this cannot survive is its own SIGKILL
+(the agent pod's restart takes every process in it): then `ctr -n k8s.io task resume ID` on the
+node, for each of the pod's containers, undoes it (docs/kubernetes.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,6 +30,7 @@ from torpor.containerd.client import Client
 from torpor.errors import ContainerdError, KubeError
 
 CRI_NAMESPACE = "k8s.io"
+RESUME_TRIES = 6           # about 10 s of containerd not answering
 POD_UID = "io.kubernetes.pod.uid"
 CONTAINER_NAME = "io.kubernetes.container.name"
 KIND = "io.cri-containerd.kind"
@@ -64,10 +69,14 @@ def frozen(client: Client, pod_uid: str) -> Iterator[list[FrozenContainer]]:
     finally:
         failed = []
         for c in paused:
-            try:
-                client.resume_task(c.id)
-            except ContainerdError as e:
-                failed.append(f"{c.name}: {e}")
+            for attempt in range(RESUME_TRIES):     # containerd restarting: it comes back
+                try:
+                    client.resume_task(c.id)
+                    break
+                except ContainerdError as e:
+                    if attempt == RESUME_TRIES - 1:
+                        failed.append(f"{c.name}: {e}")
+                    time.sleep(0.5 * (attempt + 1))
         if failed:
             raise KubeError("could not resume every container of the pod (`ctr -n k8s.io task "
                             "resume ID` does it by hand): " + "; ".join(failed))

@@ -20,12 +20,14 @@ CRIU's restore log is kept in `[runtime] log_dir`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 from typing import TYPE_CHECKING
 
 from torpor import held_dirs
+from torpor.atomicfile import write_atomic
 from torpor.errors import TorporError
 from torpor.formats import annotations as ann
 from torpor.formats import names
@@ -109,6 +111,7 @@ def run(ctx: Context) -> int:
         except OSError:   # a restored container create cannot report is no container at all
             runc.delete_force(ctx.runtime, inv, container_id)
             raise
+        record(ctx.cfg.runtime_state_dir, namespace, container_id, source.pinned)
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -139,6 +142,17 @@ def mark(inv: Invocation, container_id: str) -> None:
     state = os.path.join(inv.global_flag("root") or RUNC_ROOT, container_id)
     with open(os.path.join(state, names.RESTORED_ON_CREATE), "x"):
         pass
+
+
+def record(state_dir: str, namespace: str, container_id: str, restored_from: str) -> None:
+    """That this container was restored, not started cold, for whoever must know it before it
+    lets the original go (torpor kube migrate, through `torpor kube restored`). Without it, a
+    restored container only counts as not restored: that errs on the safe side."""
+    with contextlib.suppress(OSError):
+        directory = os.path.join(state_dir, names.RESTORED_RECORDS)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        write_atomic(os.path.join(directory, f"{namespace}-{container_id}"),
+                     (restored_from + "\n").encode(), mode=0o600)
 
 
 def keep_restore_log(ctx: Context, namespace: str, container_id: str, work: str) -> str | None:
