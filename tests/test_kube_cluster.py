@@ -498,3 +498,38 @@ def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_mad
     assert "runs under no runtime class (plain runc)" in done.stderr, done.stderr
     assert "checkpointing" not in done.stderr and moved_from(kube, "default/bare") == []
     kube.kubectl("delete", "pod", "bare", "--wait=false")
+
+
+def test_a_pod_frozen_for_a_migration_thaws_when_the_agent_pod_is_restarted(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """The node agent's pod deleted mid-hold (as a DaemonSet update does): every process in it
+    goes, the holder too, with no chance to resume; its guard, outside the agent's cgroups,
+    resumes the pod. The DaemonSet then brings the agent back."""
+    spec = pod("held2", "node-b", kube.workload_image, "torpor", WORKLOAD, app="held2")
+    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
+                                       "command": ["sh", "-c", COUNTER]})
+    kube.apply(spec)
+    found = wait_running(kube, "held2")
+    agent = kube_agent.agent_on(kube, "node-b")
+    holder = subprocess.Popen(
+        ["nsenter", f"--net={kube.cp.path}", str(ecosystem.kube_binary("kubectl")),
+         "--kubeconfig", str(kube.admin), "exec", "-i", "-n", "torpor-system", agent, "-c",
+         "install", "--", "/bin/sh", "/installer/torpor/packaging/kubernetes/node-agent.sh",
+         "freeze", found["metadata"]["uid"], "600"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "frozen counter sidecar"
+        assert sorted(cri_tasks(kube, "node-b").values()).count("PAUSED") == 2
+        kube.kubectl("delete", "pod", "-n", "torpor-system", agent, "--grace-period=1")
+        wait_for(lambda: "PAUSED" not in cri_tasks(kube, "node-b").values(), timeout=30,
+                 interval=0.3, what="the pod to thaw once the agent's pod is gone")
+    finally:
+        holder.kill()
+        holder.wait()
+    for name in ("counter", "sidecar"):
+        now = counter(kube, "held2", container=name)
+        counter_above(kube, "held2", now, container=name)
+    kube.kubectl("delete", "pod", "held2", "--wait=false")
+    wait_for(lambda: kube_agent.agent_on(kube, "node-b") not in ("", agent), timeout=120,
+             interval=0.5, what="the DaemonSet to bring node B's agent back")

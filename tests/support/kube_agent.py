@@ -131,6 +131,17 @@ def start_agents(cluster: KubeCluster) -> dict[str, str]:
     return found
 
 
+def agent_on(cluster: KubeCluster, node: str) -> str:
+    """The name of the Ready installer pod on `node` ("" while there is none)."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", "torpor-system", "-o", "json"))
+    for p in pods["items"]:
+        statuses = p["status"].get("containerStatuses") or []
+        if p["spec"].get("nodeName") == node and not p["metadata"].get("deletionTimestamp") \
+                and statuses and all(s.get("ready") for s in statuses):
+            return str(p["metadata"]["name"])
+    return ""
+
+
 def _check_alive(cluster: KubeCluster, pod: dict[str, Any]) -> None:
     """An installer that ended failed: its log says why."""
     for s in pod["status"].get("containerStatuses") or []:

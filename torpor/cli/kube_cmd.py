@@ -207,7 +207,7 @@ def freeze_command(g: Globals, pod_uid: str, hold_s: float) -> None:
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("-1000")
     with Client(g.address, pod_freeze.CRI_NAMESPACE) as client, \
-            pod_freeze.frozen(client, pod_uid) as paused:
+            pod_freeze.frozen(client, pod_uid, hold_s) as paused:
         click.echo("frozen " + " ".join(c.name for c in paused))
         sys.stdout.flush()
         let_go = _hold(hold_s, signalled)

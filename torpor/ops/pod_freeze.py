@@ -12,15 +12,20 @@ kubelet checkpoints every container of a pod at one instant.
    again for about 10 s (containerd restarting). A container that fails to pause resumes the
    ones already paused before the error is raised.
 
-A pod is never left frozen by a holder that went away; a container that was paused before
-(`ctr task pause`) is neither counted nor resumed. What this cannot survive is its own SIGKILL
-(the agent pod's restart takes every process in it): then `ctr -n k8s.io task resume ID` on the
-node, for each of the pod's containers, undoes it (docs/kubernetes.md).
+A pod is never left frozen by a holder that went away, even SIGKILLed (the agent pod's restart
+kills every process in it): before pausing anything the holder starts a guard outside the
+agent's cgroups (ops/pod_thaw_guard), which resumes what is still paused once the holder is gone
+or the hold's deadline passed. A container that was paused before (`ctr task pause`) is neither
+counted nor resumed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import select
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,10 +61,13 @@ def pod_containers(client: Client, pod_uid: str) -> list[FrozenContainer]:
 
 
 @contextlib.contextmanager
-def frozen(client: Client, pod_uid: str) -> Iterator[list[FrozenContainer]]:
+def frozen(client: Client, pod_uid: str, hold_s: float) -> Iterator[list[FrozenContainer]]:
+    """The pod's running containers paused for the block (at most `hold_s`, then the guard
+    resumes them whatever happened to this process)."""
     containers = pod_containers(client, pod_uid)
     if not containers:
         raise KubeError(f"no running container of pod {pod_uid} on this node")
+    guard = _start_guard(client.address, time.time() + hold_s, [c.id for c in containers])
     paused: list[FrozenContainer] = []
     try:
         for c in containers:
@@ -77,6 +85,39 @@ def frozen(client: Client, pod_uid: str) -> Iterator[list[FrozenContainer]]:
                     if attempt == RESUME_TRIES - 1:
                         failed.append(f"{c.name}: {e}")
                     time.sleep(0.5 * (attempt + 1))
-        if failed:
+        if not failed:
+            _dismiss(guard)
+        if failed:    # the guard tries again once this process is gone
             raise KubeError("could not resume every container of the pod (`ctr -n k8s.io task "
                             "resume ID` does it by hand): " + "; ".join(failed))
+
+
+def _start_guard(address: str, deadline: float, ids: list[str]) -> subprocess.Popen[bytes]:
+    """torpor.ops.pod_thaw_guard for this hold, out of this pod's cgroups before anything is
+    paused."""
+    import torpor
+    from torpor.ops.pod_thaw_guard import start_time
+
+    top = os.path.dirname(os.path.dirname(os.path.abspath(torpor.__file__)))
+    env = {**os.environ, "PYTHONPATH": top + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "torpor.ops.pod_thaw_guard", str(os.getpid()),
+         start_time(os.getpid()), repr(deadline), address, CRI_NAMESPACE, *ids],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=env, close_fds=True)
+    assert guard.stdout is not None
+    ready, _, _ = select.select([guard.stdout], [], [], 30)
+    if not ready or guard.stdout.readline().strip() != b"ready":
+        guard.kill()
+        raise KubeError("the pod's thaw guard did not start: nothing was paused")
+    return guard
+
+
+def _dismiss(guard: subprocess.Popen[bytes]) -> None:
+    """Everything is resumed: the guard may go, touching nothing."""
+    assert guard.stdin is not None
+    with contextlib.suppress(OSError):
+        guard.stdin.write(b"done\n")
+        guard.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        guard.wait(timeout=5)
