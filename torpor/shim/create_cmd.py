@@ -24,6 +24,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import time
 from typing import TYPE_CHECKING
 
 from torpor import held_dirs
@@ -144,15 +145,25 @@ def mark(inv: Invocation, container_id: str) -> None:
         pass
 
 
+RECORD_KEEP_S = 86400
+
+
 def record(state_dir: str, namespace: str, container_id: str, restored_from: str) -> None:
     """That this container was restored, not started cold, for whoever must know it before it
     lets the original go (torpor kube migrate, through `torpor kube restored`). Without it, a
     restored container only counts as not restored: that errs on the safe side."""
+    directory = os.path.join(state_dir, names.RESTORED_RECORDS)
     with contextlib.suppress(OSError):
-        directory = os.path.join(state_dir, names.RESTORED_RECORDS)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         write_atomic(os.path.join(directory, f"{namespace}-{container_id}"),
                      (restored_from + "\n").encode(), mode=0o600)
+    # a record is read within minutes of its restore: a day's are kept, older ones go
+    old = time.time() - RECORD_KEEP_S
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat().st_mtime < old:
+                    os.unlink(entry.path)
 
 
 def keep_restore_log(ctx: Context, namespace: str, container_id: str, work: str) -> str | None:
