@@ -125,7 +125,8 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
     argv = inv.with_flag_value("image-path", image_path) if request and request.image_path \
         else inv.argv
     kubelet = request is None and pod.in_pod(config)
-    argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet))
+    argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet)
+                                       + skip_in_flight_flag(ctx, inv))
     criu = criu_options(Invocation(argv))
     two_phase = journal is not None and not criu.leave_running
     if journal is not None and given_path and os.path.abspath(given_path) != image_path:
@@ -239,6 +240,16 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
             thaw_unless_gone(cgroup, ctx.log)
         hook.remove()
     return ran, we_froze, saved
+
+
+def skip_in_flight_flag(ctx: Context, inv: Invocation) -> list[str]:
+    """runc 1.3 and later tell CRIU whether to skip connections in flight themselves (false
+    unless --tcp-skip-in-flight), overriding the configuration criu_lines names: the flag."""
+    flag = "tcp-skip-in-flight"
+    if ctx.cfg.checkpoint_skip_in_flight and not inv.has(flag) and \
+            runc.takes_flag(ctx.runtime, "checkpoint", flag):
+        return [f"--{flag}"]
+    return []
 
 
 def criu_lines(ctx: Context) -> tuple[str, ...]:
