@@ -20,6 +20,7 @@ leaves the source running and nothing of the move behind.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,6 +276,14 @@ def moved_from(kube: KubeCluster, source: str) -> list[dict[str, Any]]:
             .get("torpor.io/migrated-from", "").startswith(source + "@")]
 
 
+def in_registry(kube: KubeCluster, image: str) -> bool:
+    """Whether the registry's storage holds REGISTRY/REPO:TAG@sha256:HEX's manifest."""
+    assert kube.registry is not None
+    repository = image.split("/", 1)[1].split("@")[0].split(":")[0]
+    return (kube.registry.storage / "docker/registry/v2/repositories" / repository /
+            "_manifests/revisions/sha256" / image.rsplit("sha256:", 1)[1] / "link").exists()
+
+
 def no_archives_left(kube: KubeCluster, name: str) -> None:
     """None of kubelet's archives of the pod `name` (default namespace) stays on node A."""
     where = kube.nodes["node-a"].checkpoints()
@@ -308,6 +317,7 @@ def test_torpor_kube_migrate_moves_a_pod_behind_a_service(kube: KubeCluster,
     assert pod_exec(kube, name, "cat", "/dev/shm/note") == "in-shm"
     assert pod_exec(kube, name, "hostname") == "web"
     assert restarts(kube.pod(name)) == 0
+    assert all(in_registry(kube, c["image"]) for c in moved["spec"]["containers"])
     # the original is gone, the Service reaches the moved pod and the memory it holds
     wait_for(lambda: kube.kubectl_run("get", "pod", "web").returncode != 0, timeout=60,
              interval=0.5, what="the original pod to be deleted")
@@ -364,7 +374,7 @@ def test_a_migration_that_fails_on_the_target_leaves_the_source_running(
         kube: KubeCluster, agents: dict[str, str]) -> None:
     """node B cannot reach the registry (its connections to it are refused): the images are
     pushed from node A, the new pod cannot pull them. migrate fails with kubelet's reason, the
-    new pod is removed, the archive too, and the source never noticed."""
+    new pod is removed, the archive and the images pushed too, and the source never noticed."""
     assert kube.registry is not None
     kube.apply(pod("solo", "node-a", kube.workload_image, "torpor", WORKLOAD, app="solo"))
     wait_running(kube, "solo")
@@ -382,7 +392,10 @@ def test_a_migration_that_fails_on_the_target_leaves_the_source_running(
     assert "the moved pod default/solo-" in done.stderr and "did not start" in done.stderr, \
         done.stderr
     assert "ErrImagePull" in done.stderr or "ImagePullBackOff" in done.stderr, done.stderr
-    assert "its checkpoint images stay" in done.stderr
+    pushed = re.findall(r"(\S+/migrated/default/solo/\S+@sha256:[0-9a-f]{64})", done.stderr)
+    assert pushed, done.stderr
+    for image in pushed:     # what it pushed is deleted from the registry (by digest)
+        assert not in_registry(kube, image), image
     wait_for(lambda: moved_from(kube, "default/solo") == [], timeout=60, interval=0.5,
              what="the failed migration's pod to be removed")
     assert restarts(kube.pod("solo")) == 0

@@ -11,6 +11,8 @@
 #   node-agent.sh import ARCHIVE REF  the same as a torpor checkpoint image (`torpor kube import
 #                                     --push`): what a node restores through restore on create
 #   node-agent.sh forget ARCHIVE      remove an archive a migration made and did not use
+#   node-agent.sh unpush REF@DIGEST   delete an image a failed migration pushed (`torpor kube
+#                                     unpush`, with the node's registry credentials)
 #   node-agent.sh node                how this node restores pods (`torpor kube node --json`)
 #   node-agent.sh restored POD_UID    which of the pod's containers torpor-runc restored here
 #                                     (`torpor kube restored`): none may have started cold
@@ -43,7 +45,7 @@ archive_only() {
     esac
 }
 
-usage="usage: node-agent.sh image|import ARCHIVE REF | forget ARCHIVE | freeze POD_UID SECONDS | restored POD_UID | node"
+usage="usage: node-agent.sh image|import ARCHIVE REF | forget ARCHIVE | unpush REF@DIGEST | freeze POD_UID SECONDS | restored POD_UID | node"
 [ $# -ge 1 ] || die "$usage"
 verb=$1
 case "$verb" in
@@ -58,6 +60,10 @@ image|import)
     fi
     on_host rm -f -- "$2"
     exit "$status" ;;
+unpush)
+    [ $# -eq 2 ] || die "$usage"
+    case "$2" in -*) die "$2: not a reference" ;; *@sha256:*) ;; *) die "$2: not REF@sha256:DIGEST" ;; esac
+    on_host "$TORPOR" kube unpush "$2" ;;
 restored)
     [ $# -eq 2 ] || die "$usage"
     case "$2" in ""|*[!0-9a-f-]*) die "$2: not a pod's UID" ;; esac

@@ -36,6 +36,7 @@ def kube_group() -> None:
     torpor kube freeze POD_UID                  a pod's containers held frozen (on its node)
     torpor kube node                            how this node restores pods
     torpor kube restored POD_UID                which of its containers were restored here
+    torpor kube unpush REF@DIGEST...            delete what a failed migration pushed
     """
 
 
@@ -185,6 +186,21 @@ def restored_command(g: Globals, pod_uid: str) -> None:
     with Client(g.address, CRI_NAMESPACE) as client:
         done, cold = kube_node.restored(client, config.load(), pod_uid)
     emit_json({"restored": done, "cold": cold})
+
+
+@kube_group.command("unpush")
+@click.argument("refs", nargs=-1, required=True, metavar="REF@DIGEST...")
+@registry_options
+@click.pass_obj
+def unpush_command(g: Globals, refs: tuple[str, ...], username: str | None,
+                   password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+    """Delete checkpoint images from their registry, by digest (every tag on them goes too):
+    what `torpor kube migrate` pushed for a move that failed."""
+    from torpor.ops import kube_node
+
+    for ref in kube_node.unpush(config.load(), list(refs),
+                                access_from(username, password_stdin, ca_file, insecure)):
+        click.echo(f"deleted {ref}")
 
 
 @kube_group.command("freeze")

@@ -17,7 +17,9 @@ from typing import Any
 
 from torpor.config import Config
 from torpor.containerd.client import Client
+from torpor.errors import ConfigError
 from torpor.node.facts import parse_version, version_str
+from torpor.ops.access import RegistryAccess
 
 CRI_RESTORE = ((2, 1), (2, 4))     # containerd versions whose CRI restores through create
 
@@ -58,3 +60,23 @@ def restored(client: Client, cfg: Config, pod_uid: str) -> tuple[list[str], list
         was = os.path.exists(os.path.join(records, f"{CRI_NAMESPACE}-{c.id}"))
         (done if was else cold).append(c.name)
     return done, cold
+
+
+def unpush(cfg: Config, refs: list[str], access: RegistryAccess) -> list[str]:
+    """Delete the images `refs` (each REPO:TAG@DIGEST or REPO@DIGEST) from their registry, as a
+    migration that failed removes what it pushed (they hold the workload's memory); the
+    references deleted (a registry that refuses deletes raises RegistryError)."""
+    from torpor.ops.sources import registry_options
+    from torpor.registry import parse_reference
+    from torpor.registry.tags import delete_images
+
+    gone = []
+    for ref in refs:
+        parsed = parse_reference(ref)
+        if not parsed.digest:
+            raise ConfigError(f"{ref}: name the image by its digest (REPO@sha256:...)")
+        deleted = delete_images(parsed, [parsed.digest], keep=(), listed=(),
+                                options=registry_options(cfg, ref, access))
+        if deleted.images:
+            gone.append(ref)
+    return gone

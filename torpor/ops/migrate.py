@@ -14,8 +14,9 @@ API server with the user's kubeconfig. In order:
     checkpoint image; waited for until every container runs and is ready;
  5. the original deleted, unless `keep_source`.
 A failure or an interrupt at any step leaves the source pod running as it was and removes what
-was made: the archives on the node and the new pod. The images pushed stay in the registry
-(the error names them): they are the checkpoint, signed, and a second try can use them.
+was made: the archives on the node, the new pod, and the images pushed (deleted from the
+registry by digest through the source's agent, with its credentials; a registry that refuses
+deletes keeps them, and the error names them).
 
 Between the checkpoint and the original's deletion the original runs on: what it changes then
 is not in the moved pod (docs/kubernetes.md).
@@ -86,6 +87,7 @@ def migrate(api: KubeApi, namespace: str, name: str, target: str, *, repository:
             ref = f"{repository.rstrip('/')}/{namespace}/{name}/{container}:{stamp}"
             progress.step(f"building and pushing {ref} on {source}")
             images[container] = _image_on_node(api, agent, verb, archive, ref, timeout_s)
+            undo.callback(_unpush, api, agent, images[container])
         moved = new_name or f"{name[:57]}-{secrets.token_hex(2)}"
         manifest = moved_pod(original, images, target, moved)
         progress.step(f"creating the pod on {target}")
@@ -199,7 +201,7 @@ def _check_restored(api: KubeApi, agent: str, target: str, namespace: str, name:
     if cold:
         raise KubeError(f"the moved pod {namespace}/{name} started on {target} without its "
                         f"state (not restored by torpor: {', '.join(cold)}); it is removed and "
-                        f"the original left running (its checkpoint images stay: "
+                        f"the original left running (its checkpoint images: "
                         f"{', '.join(images.values())})")
 
 
@@ -252,16 +254,20 @@ def _wait_running(api: KubeApi, namespace: str, name: str, timeout_s: int,
             return str(found["metadata"].get("uid", ""))
         if why is not None:
             raise KubeError(f"the moved pod {namespace}/{name} did not start: {why} "
-                            f"(its checkpoint images stay: {', '.join(images.values())})")
+                            f"(its checkpoint images: {', '.join(images.values())})")
         if time.monotonic() > deadline:
             raise KubeError(f"the moved pod {namespace}/{name} was not running and ready after "
                             f"{timeout_s}s (kubectl describe pod -n {namespace} {name}); its "
-                            f"checkpoint images stay: {', '.join(images.values())}")
+                            f"checkpoint images: {', '.join(images.values())}")
         time.sleep(0.5)
 
 
 def _forget(api: KubeApi, agent: str, archive: str) -> None:
     _quietly(lambda: api.run_agent(agent, ["forget", archive], "removing " + archive, 60))
+
+
+def _unpush(api: KubeApi, agent: str, image: str) -> None:
+    _quietly(lambda: api.run_agent(agent, ["unpush", image], "deleting " + image, 120))
 
 
 def _delete_new_pod(api: KubeApi, namespace: str, name: str) -> None:
