@@ -484,7 +484,8 @@ def test_torpor_kube_migrate_to_containerd_2_4_restores_on_create(
 def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_made(
         kube: KubeCluster, agents: dict[str, str]) -> None:
     """Node C with `[restore] on_create = "off"`: its containerd 2.4 cannot restore, so
-    migrate says so, and checkpoints nothing; nor does it move a pod of plain runc."""
+    migrate says so, and checkpoints nothing; nor does it move a pod of plain runc, nor freeze
+    a pod whose liveness probes would not survive it."""
     config = kube.nodes["node-c"].containerd.torpor_config
     kept = config.read_text()
     config.write_text(kept.replace('on_create = "signed"', 'on_create = "off"'))
@@ -511,6 +512,20 @@ def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_mad
     assert "runs under no runtime class (plain runc)" in done.stderr, done.stderr
     assert "checkpointing" not in done.stderr and moved_from(kube, "default/bare") == []
     kube.kubectl("delete", "pod", "bare", "--wait=false")
+
+    # two containers whose liveness probes allow 3 s without an answer: too short to freeze
+    spec = pod("tight", "node-a", kube.workload_image, "torpor", WORKLOAD, app="tight")
+    probe = {"exec": {"command": ["true"]}, "periodSeconds": 1, "failureThreshold": 3}
+    spec["spec"]["containers"][0]["livenessProbe"] = probe
+    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
+                                       "command": ["sh", "-c", COUNTER]})
+    kube.apply(spec)
+    wait_running(kube, "tight")
+    done = migrate(kube, "default/tight", "--to", "node-b")
+    assert done.returncode == 1 and "liveness probes allow 3s" in done.stderr, done.stderr
+    assert "checkpointing" not in done.stderr and moved_from(kube, "default/tight") == []
+    assert "PAUSED" not in cri_tasks(kube, "node-a").values()
+    kube.kubectl("delete", "pod", "tight", "--wait=false")
 
 
 def test_a_pod_frozen_for_a_migration_thaws_when_the_agent_pod_is_restarted(

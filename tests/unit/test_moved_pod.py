@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from torpor.errors import KubeError
-from torpor.kube.moved_pod import MIGRATED_FROM, containers_to_move, failure_of, moved_pod
+from torpor.kube.moved_pod import (
+    MIGRATED_FROM,
+    containers_to_move,
+    failure_of,
+    liveness_budget,
+    moved_pod,
+)
 
 
 def running_pod(**meta: Any) -> dict[str, Any]:
@@ -104,3 +110,12 @@ def test_why_a_moved_pod_will_not_run_is_kubelets_own_words(status: Any, said: s
 def test_a_pod_still_coming_up_has_not_failed() -> None:
     assert failure_of({"status": {"phase": "Pending", "containerStatuses": [
         {"name": "app", "state": {"waiting": {"reason": "ContainerCreating"}}}]}}) is None
+
+
+def test_the_liveness_budget_is_the_tightest_probe() -> None:
+    pod = running_pod()
+    assert liveness_budget(pod) is None
+    pod["spec"]["containers"][0]["livenessProbe"] = {"exec": {"command": ["true"]}}
+    assert liveness_budget(pod) == 30                      # Kubernetes' defaults: 10 s x 3
+    pod["spec"]["containers"][1]["livenessProbe"] = {"periodSeconds": 2, "failureThreshold": 4}
+    assert liveness_budget(pod) == 8

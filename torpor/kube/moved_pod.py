@@ -78,6 +78,19 @@ def containers_to_move(pod: dict[str, Any], target: str) -> list[str]:
     return names
 
 
+def liveness_budget(pod: dict[str, Any]) -> int | None:
+    """The fewest seconds a container of the pod may fail its liveness probe before kubelet
+    restarts it (periodSeconds x failureThreshold, Kubernetes' defaults 10 and 3); None where
+    no container has one. A pod frozen longer than this loses a container, frozen or not."""
+    budgets = []
+    for container in pod["spec"]["containers"]:
+        probe = container.get("livenessProbe")
+        if probe:
+            budgets.append(int(probe.get("periodSeconds") or 10) *
+                           int(probe.get("failureThreshold") or 3))
+    return min(budgets) if budgets else None
+
+
 def moved_pod(pod: dict[str, Any], images: dict[str, str], target: str,
               new_name: str | None = None) -> dict[str, Any]:
     """The pod for `target`: `images` maps each container's name to its checkpoint image."""

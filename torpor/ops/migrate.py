@@ -5,7 +5,8 @@ API server with the user's kubeconfig. In order:
  2. each container checkpointed through kubelet's checkpoint API (the API server's node
     proxy), one after the other; the pod keeps running. A pod of several containers is frozen
     once for all of them (`torpor kube freeze` on its node, through the agent, ops/pod_freeze):
-    their states are of one instant, and the pod is thawed once they are all taken;
+    their states are of one instant, and the pod is thawed once they are all taken, or, at the
+    latest, before its liveness probes would fail it (the migration then fails);
  3. each archive turned into its checkpoint image on the source node by the node agent
     (`torpor kube image`: signed with the node's key, encrypted where the node's configuration
     says so), pushed to `repository`; the archive, which holds the workload's memory, removed
@@ -34,10 +35,17 @@ from typing import Any
 
 from torpor.errors import KubeError
 from torpor.kube.api import KubeApi, is_ready, pod_path
-from torpor.kube.moved_pod import containers_to_move, failure_of, is_running, moved_pod
+from torpor.kube.moved_pod import (
+    containers_to_move,
+    failure_of,
+    is_running,
+    liveness_budget,
+    moved_pod,
+)
 from torpor.reporting import SILENT, Progress
 
 IN_FLIGHT_TRIES = 3
+LIVENESS_MARGIN_S = 2         # the freeze ends this long before the pod's probes would fail it
 TORPOR_HANDLER = "torpor"     # the runtime handler `torpor runtime-config` installs
 
 
@@ -114,6 +122,14 @@ def _one_instant(api: KubeApi, agent: str, pod: dict[str, Any], seconds: int,
     if len(pod["spec"]["containers"]) < 2:
         yield
         return
+    budget = liveness_budget(pod)
+    if budget is not None:        # kubelet restarts a container frozen past its probes
+        if budget <= LIVENESS_MARGIN_S + 1:
+            raise KubeError(
+                f"pod {pod['metadata']['name']}'s liveness probes allow {budget}s without an "
+                "answer: too short to hold its containers frozen for their checkpoints (raise "
+                "periodSeconds or failureThreshold)")
+        seconds = min(seconds, budget - LIVENESS_MARGIN_S)
     started = time.monotonic()
     with api.pod_frozen(agent, pod["metadata"]["uid"], seconds) as frozen:
         progress.step(f"froze {frozen} at one instant")
