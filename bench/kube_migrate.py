@@ -15,7 +15,7 @@ Printed per run:
   moved pod is ready and the endpoints switch);
 - cold: the baseline's time from the delete to the new pod's first answer, state lost.
 
-    python -m bench.kube_migrate [--mib 256] [--runs 1]
+    python -m bench.kube_migrate [--mib 256] [--runs 1] [--to node-b|node-c]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def first_answer(cluster: KubeCluster, pod_ip: str, started: float) -> float:
     return time.monotonic() - started
 
 
-def migrate_once(cluster: KubeCluster, run: int, mib: int) -> dict[str, float]:
+def migrate_once(cluster: KubeCluster, run: int, mib: int, target: str) -> dict[str, float]:
     assert cluster.registry is not None
     name = f"big{run}"
     cluster.apply(pod(name, "node-a", cluster.workload_image, "torpor", workload(mib), app=name))
@@ -79,7 +79,7 @@ def migrate_once(cluster: KubeCluster, run: int, mib: int) -> dict[str, float]:
     started = time.monotonic()
     migrate = subprocess.Popen(
         ["nsenter", f"--net={cluster.cp.path}", str(cluster.world.bin / "torpor"), "kube",
-         "migrate", name, "--to", "node-b", "--registry", f"{cluster.registry.host}/bench",
+         "migrate", name, "--to", target, "--registry", f"{cluster.registry.host}/bench",
          "--kubeconfig", str(cluster.admin), "--kubectl", str(ecosystem.kube_binary("kubectl"))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=node_a.containerd.env)
     assert migrate.stderr is not None and migrate.stdout is not None
@@ -123,6 +123,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--to", default="node-b", choices=("node-b", "node-c"),
+                        help="node-b: containerd 2.1, its own CRI restores; node-c: containerd "
+                             "2.4, torpor's restore on create")
     args = parser.parse_args()
     if ecosystem.kube_missing():
         raise SystemExit("no Kubernetes binaries: `make deps` builds them")
@@ -134,11 +137,11 @@ def main() -> None:
             cluster.start()
             cluster.kubectl("apply", "-f", str(RUNTIME_CLASS))
             kube_agent.start_agents(cluster)
-            print(f"torpor kube migrate of a pod holding {args.mib} MiB, node-a -> node-b")
+            print(f"torpor kube migrate of a pod holding {args.mib} MiB, node-a -> {args.to}")
             print(f"{'run':>3} {'migrate':>8} {'ckpt':>6} {'state gap':>10} {'outage':>7} "
                   f"{'cold':>6} {'gap/cold':>8}")
             for run in range(args.runs):
-                r = migrate_once(cluster, run, args.mib)
+                r = migrate_once(cluster, run, args.mib, args.to)
                 print(f"{run:>3} {r['migrate']:>7.2f}s {r['checkpoint']:>5.2f}s "
                       f"{r['state_gap']:>9.2f}s {r['outage']:>6.2f}s {r['cold']:>5.2f}s "
                       f"{r['state_gap'] / r['cold']:>7.2f}x"
