@@ -3,11 +3,13 @@ containerd, runc and CRIU: memory, TCP connections, network identity and files c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,37 +68,46 @@ def test_counter_continues(node: Node, torpor_bin: Path, tmp_path: Path,
             checkpointed, indent=1, sort_keys=True)  # the checkpoint is only read
 
 
-def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
-                                             test_image: dict[str, object]) -> None:
+@contextlib.contextmanager
+def kvserver_on_veth(node: Node, test_image: dict[str, object], name: str,
+                     net: str) -> Iterator[tuple[NetNS, LineClient]]:
+    """kvserver in container `name`, in a network namespace of its own that the host reaches
+    over a veth (NET.1 here, NET.2 there), and a client connected to it; all removed after."""
     netns = NetNS("torpor-ctr")
-    host_if, _ = veth_pair(None, "10.77.0.1/24", netns, "10.77.0.2/24")
+    host_if, _ = veth_pair(None, f"{net}.1/24", netns, f"{net}.2/24")
     try:
         with containers(node) as names:
-            names.append("tcp-kv")
+            names.append(name)
             node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{netns.path}",
-                     str(test_image["name"]), "tcp-kv", "kvserver", "7000")
-            client = wait_for(lambda: _connect("10.77.0.2", 7000), what="kvserver on the veth")
+                     str(test_image["name"]), name, "kvserver", "7000")
+            client = wait_for(lambda: _connect(f"{net}.2", 7000), what="kvserver on the veth")
             assert isinstance(client, LineClient)
-            assert client.ask("SET greeting hello") == "OK"
-            assert client.ask("INCR hits") == "1"
-            run_torpor(node, "checkpoint", "tcp-kv", "-o", str(tmp_path / "ck"),
-                       "--tcp-established")
-            node.ctr("tasks", "delete", "tcp-kv")
-            node.ctr("containers", "delete", "tcp-kv")
-            run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
-            # the same socket, opened before the checkpoint, still answers, with the state
-            assert client.ask("GET greeting") == "hello"
-            assert client.ask("INCR hits") == "2"
-            assert client.ask("SERVED") == "5"
-            fresh = LineClient("10.77.0.2", 7000)
-            assert fresh.ask("GET greeting") == "hello"
-            client.close()
-            fresh.close()
+            yield netns, client
     finally:
         netns.delete()
         from .support.netns import ip
 
         ip("link", "delete", host_if, check=False)
+
+
+def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
+                                             test_image: dict[str, object]) -> None:
+    with kvserver_on_veth(node, test_image, "tcp-kv", "10.77.0") as (netns, client):
+        assert client.ask("SET greeting hello") == "OK"
+        assert client.ask("INCR hits") == "1"
+        run_torpor(node, "checkpoint", "tcp-kv", "-o", str(tmp_path / "ck"),
+                   "--tcp-established")
+        node.ctr("tasks", "delete", "tcp-kv")
+        node.ctr("containers", "delete", "tcp-kv")
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
+        # the same socket, opened before the checkpoint, still answers, with the state
+        assert client.ask("GET greeting") == "hello"
+        assert client.ask("INCR hits") == "2"
+        assert client.ask("SERVED") == "5"
+        fresh = LineClient("10.77.0.2", 7000)
+        assert fresh.ask("GET greeting") == "hello"
+        client.close()
+        fresh.close()
 
 
 def test_a_client_connecting_while_the_workload_is_frozen_does_not_fail_its_checkpoint(
@@ -106,38 +117,25 @@ def test_a_client_connecting_while_the_workload_is_frozen_does_not_fail_its_chec
     ([checkpoint] skip_in_flight): a paused container is checkpointed, left running, with a
     client waiting in its listen queue; resumed, it answers that client, and its checkpoint
     restores with the state."""
-    netns = NetNS("torpor-ctr")
-    host_if, _ = veth_pair(None, "10.76.0.1/24", netns, "10.76.0.2/24")
-    try:
-        with containers(node) as names:
-            names.append("in-flight")
-            node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{netns.path}",
-                     str(test_image["name"]), "in-flight", "kvserver", "7000")
-            client = wait_for(lambda: _connect("10.76.0.2", 7000), what="kvserver on the veth")
-            assert isinstance(client, LineClient)
-            assert client.ask("SET greeting hello") == "OK"
-            client.close()
-            node.ctr("tasks", "pause", "in-flight")
-            waiting = socket.create_connection(("10.76.0.2", 7000), timeout=60)
-            waiting.sendall(b"GET greeting\n")       # in the queue: nobody accept()s it
-            run_torpor(node, "checkpoint", "in-flight", "-o", str(tmp_path / "ck"),
-                       "--leave-running")
-            assert task_status(node, "in-flight") == "PAUSED"   # left as it was
-            node.ctr("tasks", "resume", "in-flight")
-            assert waiting.makefile().readline().strip() == "hello"   # the original answers
-            waiting.close()
-            node.ctr("tasks", "delete", "--force", "in-flight")
-            node.ctr("containers", "delete", "in-flight")
-            run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
-            fresh = wait_for(lambda: _connect("10.76.0.2", 7000), what="the restored kvserver")
-            assert isinstance(fresh, LineClient)
-            assert fresh.ask("GET greeting") == "hello"
-            fresh.close()
-    finally:
-        netns.delete()
-        from .support.netns import ip
-
-        ip("link", "delete", host_if, check=False)
+    with kvserver_on_veth(node, test_image, "in-flight", "10.76.0") as (netns, client):
+        assert client.ask("SET greeting hello") == "OK"
+        client.close()
+        node.ctr("tasks", "pause", "in-flight")
+        waiting = socket.create_connection(("10.76.0.2", 7000), timeout=60)
+        waiting.sendall(b"GET greeting\n")       # in the queue: nobody accept()s it
+        run_torpor(node, "checkpoint", "in-flight", "-o", str(tmp_path / "ck"),
+                   "--leave-running")
+        assert task_status(node, "in-flight") == "PAUSED"   # left as it was
+        node.ctr("tasks", "resume", "in-flight")
+        assert waiting.makefile().readline().strip() == "hello"   # the original answers
+        waiting.close()
+        node.ctr("tasks", "delete", "--force", "in-flight")
+        node.ctr("containers", "delete", "in-flight")
+        run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
+        fresh = wait_for(lambda: _connect("10.76.0.2", 7000), what="the restored kvserver")
+        assert isinstance(fresh, LineClient)
+        assert fresh.ask("GET greeting") == "hello"
+        fresh.close()
 
 
 def _connect(host: str, port: int) -> LineClient | None:

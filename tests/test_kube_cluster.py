@@ -84,6 +84,13 @@ def pod(name: str, node: str, image: str, runtime_class: str | None,
             "spec": spec}
 
 
+def with_sidecar(spec: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """`spec` with a second container, "sidecar": a copy of its first with `fields` changed."""
+    first = spec["spec"]["containers"][0]
+    spec["spec"]["containers"].append({**first, "name": "sidecar", **fields})
+    return spec
+
+
 def wait_running(kube: KubeCluster, name: str, timeout: float = 120) -> dict[str, Any]:
     def running() -> dict[str, Any] | None:
         found = kube.pod(name)
@@ -218,8 +225,7 @@ def test_a_pod_with_a_sidecar_moves_container_by_container(kube: KubeCluster) ->
     kube.kubectl("apply", "-f", str(RUNTIME_CLASS))
     sidecar = ["sh", "-c", "echo side > /data/side; " + COUNTER]
     spec = pod("pair", "node-a", kube.workload_image, "torpor", WORKLOAD, app="pair")
-    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
-                                       "command": sidecar})
+    with_sidecar(spec, command=sidecar)
     kube.apply(spec)
     wait_running(kube, "pair")
     refs = {}
@@ -231,8 +237,7 @@ def test_a_pod_with_a_sidecar_moves_container_by_container(kube: KubeCluster) ->
         refs[name] = (make_image(kube, Path(answer["items"][0]), f"pair-{name}"), before)
 
     moved = pod("pair-moved", "node-b", refs["counter"][0], "torpor", None, app="pair-moved")
-    moved["spec"]["containers"].append({**moved["spec"]["containers"][0], "name": "sidecar",
-                                        "image": refs["sidecar"][0]})
+    with_sidecar(moved, image=refs["sidecar"][0])
     kube.apply(moved)
     wait_running(kube, "pair-moved")
     for name, (_, before) in refs.items():
@@ -335,8 +340,7 @@ def test_torpor_kube_migrate_moves_a_pod_with_a_sidecar_and_can_keep_the_source(
         kube: KubeCluster, agents: dict[str, str]) -> None:
     sidecar = ["sh", "-c", "echo side > /data/side; " + COUNTER]
     spec = pod("duo", "node-a", kube.workload_image, "torpor", WORKLOAD, app="duo")
-    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
-                                       "command": sidecar})
+    with_sidecar(spec, command=sidecar)
     kube.apply(spec)
     wait_running(kube, "duo")
     before = {c: counter_above(kube, "duo", 5, container=c) for c in ("counter", "sidecar")}
@@ -425,8 +429,7 @@ def test_a_pod_frozen_for_a_migration_thaws_when_its_holder_goes_away(
     migration died): the pod's containers count on again, each of them."""
     sidecar = ["sh", "-c", COUNTER]
     spec = pod("held", "node-a", kube.workload_image, "torpor", WORKLOAD, app="held")
-    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
-                                       "command": sidecar})
+    with_sidecar(spec, command=sidecar)
     kube.apply(spec)
     found = wait_running(kube, "held")
     for name in ("counter", "sidecar"):
@@ -517,8 +520,7 @@ def test_migrate_to_a_node_that_cannot_restore_is_refused_before_anything_is_mad
     spec = pod("tight", "node-a", kube.workload_image, "torpor", WORKLOAD, app="tight")
     probe = {"exec": {"command": ["true"]}, "periodSeconds": 1, "failureThreshold": 3}
     spec["spec"]["containers"][0]["livenessProbe"] = probe
-    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
-                                       "command": ["sh", "-c", COUNTER]})
+    with_sidecar(spec, command=["sh", "-c", COUNTER])
     kube.apply(spec)
     wait_running(kube, "tight")
     done = migrate(kube, "default/tight", "--to", "node-b")
@@ -534,8 +536,7 @@ def test_a_pod_frozen_for_a_migration_thaws_when_the_agent_pod_is_restarted(
     goes, the holder too, with no chance to resume; its guard, outside the agent's cgroups,
     resumes the pod. The DaemonSet then brings the agent back."""
     spec = pod("held2", "node-b", kube.workload_image, "torpor", WORKLOAD, app="held2")
-    spec["spec"]["containers"].append({**spec["spec"]["containers"][0], "name": "sidecar",
-                                       "command": ["sh", "-c", COUNTER]})
+    with_sidecar(spec, command=["sh", "-c", COUNTER])
     kube.apply(spec)
     found = wait_running(kube, "held2")
     agent = kube_agent.agent_on(kube, "node-b")

@@ -34,6 +34,7 @@ fi
 TORPOR=${TORPOR_BIN:-/usr/local/bin/torpor}
 die() { printf 'torpor-node-agent: %s\n' "$*" >&2; exit 2; }
 on_host() { nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$@"; }
+exec_on_host() { exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$@"; }
 
 archive_only() {
     case "$1" in
@@ -67,10 +68,10 @@ unpush)
 restored)
     [ $# -eq 2 ] || die "$usage"
     case "$2" in ""|*[!0-9a-f-]*) die "$2: not a pod's UID" ;; esac
-    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" kube restored "$2" ;;
+    exec_on_host "$TORPOR" kube restored "$2" ;;
 node)
     [ $# -eq 1 ] || die "$usage"
-    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" -n k8s.io kube node --json ;;
+    exec_on_host "$TORPOR" -n k8s.io kube node --json ;;
 forget)
     [ $# -eq 2 ] || die "$usage"
     archive_only "$2"
@@ -79,6 +80,6 @@ freeze)
     [ $# -eq 3 ] || die "$usage"
     case "$2" in ""|*[!0-9a-f-]*) die "$2: not a pod's UID" ;; esac
     case "$3" in ""|*[!0-9]*) die "$3: not a number of seconds" ;; esac
-    exec nsenter -t "${TORPOR_HOST_PID:-1}" -m -u -i -p -- "$TORPOR" kube freeze "$2" --for "$3s" ;;
+    exec_on_host "$TORPOR" kube freeze "$2" --for "$3s" ;;
 *) die "$usage" ;;
 esac

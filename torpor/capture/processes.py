@@ -35,3 +35,13 @@ def ns_pid(pid: int) -> int:
     except OSError:
         pass
     return pid
+
+
+def start_time(pid: int) -> int:
+    """The process's start time in clock ticks after boot (0: no such process): with the pid,
+    what names one process (a pid reused is another)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from torpor.atomicfile import write_atomic
+from torpor.capture.processes import start_time
 
 DIR = "lazy-restores"
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
@@ -55,15 +56,6 @@ def write(state_dir: str, progress: LazyProgress) -> None:
 def remove(state_dir: str, namespace: str, container: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_file(state_dir, namespace, container))
-
-
-def start_time(pid: int) -> int:
-    """The process's start time in clock ticks after boot (0: no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def current(state_dir: str) -> list[LazyProgress]:

@@ -96,13 +96,13 @@ def _start_guard(address: str, deadline: float, ids: list[str]) -> subprocess.Po
     """torpor.ops.pod_thaw_guard for this hold, out of this pod's cgroups before anything is
     paused."""
     import torpor
-    from torpor.ops.pod_thaw_guard import start_time
+    from torpor.capture.processes import start_time
 
     top = os.path.dirname(os.path.dirname(os.path.abspath(torpor.__file__)))
     env = {**os.environ, "PYTHONPATH": top + os.pathsep + os.environ.get("PYTHONPATH", "")}
     guard = subprocess.Popen(
         [sys.executable, "-m", "torpor.ops.pod_thaw_guard", str(os.getpid()),
-         start_time(os.getpid()), repr(deadline), address, CRI_NAMESPACE, *ids],
+         str(start_time(os.getpid())), repr(deadline), address, CRI_NAMESPACE, *ids],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         start_new_session=True, env=env, close_fds=True)
     assert guard.stdout is not None

@@ -26,6 +26,7 @@ import select
 import sys
 import time
 
+from torpor.capture.processes import start_time
 from torpor.containerd.api.task_pb2 import PAUSED
 from torpor.containerd.client import Client
 from torpor.errors import ContainerdError
@@ -54,15 +55,6 @@ def leave_cgroups() -> None:
             f.write(str(os.getpid()))
 
 
-def start_time(pid: int) -> str:
-    """The process's start time (field 22 of its stat): a pid reused is another process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 def resume_paused(address: str, namespace: str, ids: list[str]) -> None:
     with Client(address, namespace) as client:
         for container_id in ids:
@@ -82,7 +74,7 @@ def main(argv: list[str]) -> int:
             if os.read(sys.stdin.fileno(), 64).startswith(b"done"):
                 return 0      # the holder resumed everything itself
             break             # its end of the pipe closed without a word: it died
-        if start_time(int(holder)) != started:
+        if start_time(int(holder)) != int(started):
             break             # the holder died without letting go
     resume_paused(address, namespace, ids)
     return 0

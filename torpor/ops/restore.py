@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torpor import criu_images, signing, tally
-from torpor.capture import deadlines, pod, restore_policy
+from torpor.capture import deadlines, pod, processes, restore_policy
 from torpor.config import Config
 from torpor.containerd import images as containerd_image
 from torpor.containerd import runtime as runc_runtime
@@ -517,7 +517,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
 def _tracker(cfg: Config, namespace: str, name: str, source: str,
              lazy_bytes: int) -> Callable[[int, int, int], None]:
     """What `torpor ls` and torpord show of this lazy restore (torpor.lazy.progress)."""
-    started, me = time.time(), lazy_progress.start_time(os.getpid())
+    started, me = time.time(), processes.start_time(os.getpid())
 
     def track(placed: int, remote: int, local: int) -> None:
         with contextlib.suppress(OSError):
