@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install torpor system-wide, as root: a virtual environment in /opt/torpor, fast launchers in
-# $PREFIX/bin (torpor, torpor-runc, torpor-hook, containerd-shim-torpor-v2) and a commented
+# $PREFIX/bin (torpor, torpor-runc, torpor-hook, torpord, torpor-decoder,
+# containerd-shim-torpor-v2) and a commented
 # /etc/torpor/config.toml. Run packaging/install-deps.sh --system first (make install does).
 # It does not touch containerd's config: `torpor runtime-config containerd --install` does.
 #

@@ -13,8 +13,11 @@ stored in the original. A pod with a sidecar moves the same way, container by co
 Then the same moves in one command, `torpor kube migrate`, with torpor's node installer running
 on each node as packaging/kubernetes makes it (tests/support/kube_agent.py): a one-container
 pod behind a Service, a pod with a sidecar (kept at its source with --keep-source), and a
-migration whose new pod cannot start on the target (its registry unreachable from there), which
-leaves the source running and nothing of the move behind.
+migration whose new pod cannot start on the target (its registry unreachable from there, or the
+nodes' key missing there), which leaves the source running and nothing of the move behind.
+
+Node A encrypts every image it builds for the nodes' key, as its configuration says; the other
+nodes' containerd (torpor-decoder) and torpor decrypt them with their copy of that key.
 """
 
 from __future__ import annotations
@@ -289,6 +292,33 @@ def in_registry(kube: KubeCluster, image: str) -> bool:
             "_manifests/revisions/sha256" / image.rsplit("sha256:", 1)[1] / "link").exists()
 
 
+def registry_blob(kube: KubeCluster, digest: str) -> bytes:
+    assert kube.registry is not None
+    hex_part = digest.split(":", 1)[1]
+    return (kube.registry.storage / "docker/registry/v2/blobs/sha256" / hex_part[:2] /
+            hex_part / "data").read_bytes()
+
+
+def sealed_for_the_nodes(kube: KubeCluster, image: str) -> list[str]:
+    """The media types of the layers of REGISTRY/REPO@sha256:HEX (every manifest of an index),
+    as the registry stores them, once checked that each is encrypted or one of the workload's
+    base image (node A's [image] encrypt_recipients)."""
+    assert kube.registry is not None
+    base = kube.registry.storage / "docker/registry/v2/repositories/torpor-test/busybox/_layers"
+    found: list[str] = []
+    todo = [image.rsplit("@", 1)[1]]
+    while todo:
+        document = json.loads(registry_blob(kube, todo.pop()))
+        todo += [m["digest"] for m in document.get("manifests") or []
+                 if not m.get("artifactType", "").endswith("signature")]
+        for layer in document.get("layers") or []:
+            clear = not layer["mediaType"].endswith("+encrypted")
+            assert not clear or (base / "sha256" / layer["digest"].split(":")[1]).exists() or \
+                layer["mediaType"].startswith("application/vnd.dev.cosign"), layer
+            found.append(layer["mediaType"])
+    return found
+
+
 def no_archives_left(kube: KubeCluster, name: str) -> None:
     """None of kubelet's archives of the pod `name` (default namespace) stays on node A."""
     where = kube.nodes["node-a"].checkpoints()
@@ -323,6 +353,11 @@ def test_torpor_kube_migrate_moves_a_pod_behind_a_service(kube: KubeCluster,
     assert pod_exec(kube, name, "hostname") == "web"
     assert restarts(kube.pod(name)) == 0
     assert all(in_registry(kube, c["image"]) for c in moved["spec"]["containers"])
+    # node A encrypts what it pushes, as its configuration says; node B's containerd decrypted
+    # it as it pulled it (torpor-decoder, with B's key)
+    [image] = [c["image"] for c in moved["spec"]["containers"]]
+    assert sealed_for_the_nodes(kube, image) == [
+        "application/vnd.oci.image.layer.v1.tar+zstd+encrypted"]
     # the original is gone, the Service reaches the moved pod and the memory it holds
     wait_for(lambda: kube.kubectl_run("get", "pod", "web").returncode != 0, timeout=60,
              interval=0.5, what="the original pod to be deleted")
@@ -408,6 +443,34 @@ def test_a_migration_that_fails_on_the_target_leaves_the_source_running(
     kube.kubectl("delete", "pod", "solo", "--wait=false")
 
 
+def test_a_target_without_the_nodes_key_cannot_open_the_move_and_the_source_lives(
+        kube: KubeCluster, agents: dict[str, str]) -> None:
+    """Node A encrypts what it pushes for the nodes' key; node B without that key (its key
+    directory emptied) cannot unpack the image: migrate fails with kubelet's ErrImagePull and
+    torpor-decoder's words from B's containerd, removes what it made, and the source counts
+    on."""
+    kube.apply(pod("sealed", "node-a", kube.workload_image, "torpor", WORKLOAD, app="sealed"))
+    wait_running(kube, "sealed")
+    before = counter_above(kube, "sealed", 3)
+    key = kube.keys_dir("node-b") / "nodes.pem"
+    aside = key.with_name(".nodes.pem")                  # hidden: not a key of the directory
+    key.rename(aside)
+    try:
+        done = migrate(kube, "default/sealed", "--to", "node-b")
+    finally:
+        aside.rename(key)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ErrImagePull" in done.stderr, done.stderr
+    assert "torpor-decoder: layer sha256:" in done.stderr and \
+        "this node holds no private key" in done.stderr, done.stderr
+    wait_for(lambda: moved_from(kube, "default/sealed") == [], timeout=60, interval=0.5,
+             what="the failed migration's pod to be removed")
+    assert restarts(kube.pod("sealed")) == 0
+    counter_above(kube, "sealed", before)
+    no_archives_left(kube, "sealed")
+    kube.kubectl("delete", "pod", "sealed", "--wait=false")
+
+
 def test_migrate_refuses_in_words_before_anything_is_made(kube: KubeCluster,
                                                           agents: dict[str, str]) -> None:
     done = migrate(kube, "default/nowhere", "--to", "node-b")
@@ -478,6 +541,13 @@ def test_torpor_kube_migrate_to_containerd_2_4_restores_on_create(
     assert pod_exec(kube, "far-c", "cat", "/dev/shm/note") == "in-shm"
     assert restarts(kube.pod("far-c")) == 0
     assert sandbox_handlers(kube, "node-c")["far-c"] == "torpor"
+    # encrypted on node A, as its configuration says: the read-write layer (containerd's
+    # torpor-decoder on C opened it) and every state layer (C's torpor-runc opened them)
+    [image] = [c["image"] for c in kube.pod("far-c")["spec"]["containers"]]
+    sealed = sealed_for_the_nodes(kube, image)
+    assert "application/vnd.oci.image.layer.v1.tar+zstd+encrypted" in sealed, sealed
+    assert any(t.startswith("application/vnd.torpor") and t.endswith("+encrypted")
+               for t in sealed), sealed
     wait_for(lambda: kube.kubectl_run("get", "pod", "far").returncode != 0, timeout=60,
              interval=0.5, what="the original pod to be deleted")
     no_archives_left(kube, "far")

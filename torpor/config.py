@@ -54,6 +54,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
         "zstd_level": (int, 1, "layer compression: 1 is fast; 3 to 19 trade time for size"),
         "signing_key": (str, "", "a PEM EC P-256 private key that signs every checkpoint this "
                         "node pushes (docs/signing.md)"),
+        "encrypt_recipients": (list, [], 'recipients ("jwe:/etc/torpor/keys/nodes.pub") every '
+                               "checkpoint image this node builds is encrypted for, beside "
+                               "--encrypt-recipient (docs/encryption.md)"),
     },
     "restore": {
         "hooks": (list, [], "hook programs (absolute paths) a checkpoint's spec may run; "
@@ -84,6 +87,9 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
                        'trusted key or made here), "if-present" (a signature must verify) '
                        'or "off"'),
         "trusted_keys": (list, [], "PEM public keys (cosign.pub) whose signatures are trusted"),
+        "decryption_keys": (list, [], "private keys, or directories of them (containerd's "
+                            "/etc/containerd/ocicrypt/keys), that open encrypted checkpoints "
+                            "beside --decryption-key: restore, restore on create, kube image"),
         "timeout_s": (int, 300, "how long each restore step may take (unpacking, runc and "
                       "CRIU), plus 10 s per GiB of CRIU images; then it is killed and undone"),
         "lazy": (bool, False, "restore checkpoint images lazily: the workload runs at once and "
@@ -122,7 +128,8 @@ _SCHEMA: dict[str, dict[str, tuple[type | tuple[type, ...], Any, str]]] = {
 _ABSOLUTE_PATHS = (
     ("runtime", "state_dir"), ("runtime", "hook_path"), ("runtime", "log_dir"),
     ("image", "store"), ("image", "signing_key"), ("restore", "hooks"),
-    ("restore", "mount_sources"), ("restore", "trusted_keys"), ("registry", "docker_config"),
+    ("restore", "mount_sources"), ("restore", "trusted_keys"), ("restore", "decryption_keys"),
+    ("registry", "docker_config"),
     ("registry", "ca_file"), ("registry", "hosts_dir"),
     ("registry", "registries_conf"), ("service", "socket"),
 )
@@ -143,6 +150,7 @@ class Config:
         "gpu_driver_timeout_s",
         "gpu_lock_timeout_ms",
         "gpu_nvml_library",
+        "image_encrypt_recipients",
         "image_signing_key",
         "image_store",
         "image_zstd_level",
@@ -155,6 +163,7 @@ class Config:
         "restore_allow_device_files",
         "restore_annotations",
         "restore_capabilities",
+        "restore_decryption_keys",
         "restore_devices",
         "restore_hooks",
         "restore_host_namespaces",
@@ -198,6 +207,7 @@ class Config:
     image_store: str
     image_zstd_level: int
     image_signing_key: str
+    image_encrypt_recipients: list[str]
     restore_hooks: list[str]
     restore_annotations: list[str]
     restore_labels: list[str]
@@ -214,6 +224,7 @@ class Config:
     restore_max_files: int
     restore_signatures: str
     restore_trusted_keys: list[str]
+    restore_decryption_keys: list[str]
     restore_timeout_s: int
     restore_max_chunk_index_bytes: int
     restore_lazy: bool
@@ -255,6 +266,11 @@ class Config:
                     raise ConfigError(f"{path or 'the configuration'}: [{table}] {key} = "
                                       f"{item!r} is not an absolute path",
                                       hint="give the full path, starting with /")
+        for item in self.image_encrypt_recipients:
+            if not isinstance(item, str) or not item.startswith("jwe:/"):
+                raise ConfigError(f"{path or 'the configuration'}: [image] encrypt_recipients: "
+                                  f"{item!r} is not jwe:/ABSOLUTE/PATH.pub",
+                                  hint='e.g. encrypt_recipients = ["jwe:/etc/torpor/keys/nodes.pub"]')
 
 
 def config_path() -> tuple[str, bool]:

@@ -7,7 +7,10 @@
 #  3. merge the runtime class `torpor` into containerd's config (`torpor runtime-config
 #     containerd --install`, comments and settings kept, backup beside it); on containerd 2.2.7
 #     and later 2.2.x/2.3.x, also enable_experimental_restore_via_create, without which a pod
-#     cannot restore a checkpoint;
+#     cannot restore a checkpoint; with TORPOR_DECRYPTION_KEYS (a directory of the node's
+#     private keys, e.g. /etc/containerd/ocicrypt/keys), also torpor-decoder as containerd's
+#     stream processor of encrypted layers, so that pods run the images torpor encrypts for
+#     this node (docs/encryption.md);
 #  4. only if the config changed: check that containerd loads it, restart containerd, wait for
 #     it to answer, and put the old config back (and restart again) if it does not. Running
 #     containers survive a containerd restart: their shims keep them;
@@ -23,7 +26,8 @@
 #
 # Settings (environment): TORPOR_SRC (torpor's source tree, default: the one this script is
 # in), CONTAINERD_CONFIG (/etc/containerd/config.toml), CONTAINERD_ADDRESS
-# (/run/containerd/containerd.sock), PREFIX (/usr/local), TORPOR_RESTART (systemctl | none),
+# (/run/containerd/containerd.sock), PREFIX (/usr/local), TORPOR_DECRYPTION_KEYS (step 3;
+# none by default), TORPOR_RESTART (systemctl | none),
 # TORPOR_SKIP_INSTALL=1 (torpor already installed: steps 3-5 only), TORPOR_MARKER
 # (/var/lib/torpor/node-installed), TORPOR_CONFIG (/etc/torpor/config.toml: written with
 # [restore] signatures = "required" where there is none), TORPORD (auto | systemd | direct |
@@ -81,7 +85,10 @@ if [ ! -s "$CONFIG" ]; then
     # no config: containerd's defaults, so that the CRI plugin keeps its own settings
     "$CONTAINERD" config default >"$CONFIG"
 fi
-"$TORPOR" runtime-config containerd --binary "$PREFIX/bin/torpor-runc" --install "$CONFIG" >&2
+decrypt=()
+[ -z "${TORPOR_DECRYPTION_KEYS:-}" ] || decrypt=(--decryption-keys "$TORPOR_DECRYPTION_KEYS")
+"$TORPOR" runtime-config containerd --binary "$PREFIX/bin/torpor-runc" --install "$CONFIG" \
+    "${decrypt[@]}" >&2
 restore_flag=0
 if [ "$major" -eq 2 ] && { { [ "$minor" -eq 2 ] && [ "${patch:-0}" -ge 7 ]; } \
         || { [ "$minor" -eq 3 ] && [ "${patch:-0}" -ge 4 ]; }; }; then

@@ -94,11 +94,14 @@ class Node:
     def __init__(self, base: Path, name: str, bin_dir: Path, torpor_config: Path,
                  netns: NetNS | None = None, cri: bool = False,
                  extra_env: dict[str, str] | None = None, containerd_bin: Path | None = None,
-                 runc: Path | None = None, torpor_runtime: bool = True) -> None:
+                 runc: Path | None = None, torpor_runtime: bool = True,
+                 decryption_keys: Path | None = None) -> None:
         """`containerd_bin`: the directory of another containerd, ctr and shim (default: PATH);
         `runc`: the low-level runtime for torpor-runc and plain runc (default: runc on PATH);
         `torpor_runtime`: the runtime class torpor in its config (`torpor check` tests go
-        without)."""
+        without); `decryption_keys`: a directory of private keys, with which torpor-decoder
+        decrypts encrypted layers as containerd pulls them (`torpor runtime-config containerd
+        --decryption-keys`)."""
         self.name = name
         self.root = base / name
         self.bin_dir = bin_dir
@@ -120,6 +123,7 @@ class Node:
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_env = dict(extra_env or {})
         self.torpor_runtime = torpor_runtime
+        self.decryption_keys = decryption_keys
 
     @property
     def env(self) -> dict[str, str]:
@@ -147,7 +151,9 @@ class Node:
             self._use_runc(self.runc)
         self.config_path.write_text(self._config_text())
         if self.torpor_runtime:
-            containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"))
+            containerd_config.install(str(self.config_path), str(self.bin_dir / "torpor-runc"),
+                                      decryption_keys=str(self.decryption_keys)
+                                      if self.decryption_keys else None)
         cmd = [self.containerd, "--config", str(self.config_path)]
         if self.netns is not None:
             # nsenter, not `ip netns exec`: that also remounts /sys, hiding the cgroup mounts

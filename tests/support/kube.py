@@ -10,6 +10,10 @@
   signs what it pushes with the cluster's key and trusts it; C restores signed checkpoints on
   create. containerd trusts the cluster's CA (SSL_CERT_FILE),
   for pulls and for the base image a restore pulls by digest.
+- Encryption as a node's configuration says: node A encrypts every checkpoint image it builds for
+  the nodes' key (`[image] encrypt_recipients`); every node holds that key's private half in its
+  own key directory (`keys-NODE/`), which its containerd's stream processor (torpor-decoder) and
+  its torpor (`[restore] decryption_keys`) read.
 - Services work (tests/support/kube_network.py): kube-controller-manager (EndpointSlices and
   DaemonSets only) beside the API server, kube-proxy in each node's namespace, routes between
   the nodes' pods; kube-scheduler places what a controller makes (the tests' pods name their
@@ -61,6 +65,7 @@ class KubeCluster:
         self.daemons: list[Daemon] = []
         self.sysctls_at_start = self.host_sysctls()
         self.signer = self.pki.signing_key("checkpoint-signer")
+        self.node_key = self.pki.signing_key("nodes-encryption")   # EC P-256, PKCS#8
         self.nodes: dict[str, KubeNode] = {}
         self.proxies: list[Daemon] = []
         self.registry: Registry | None = None
@@ -95,6 +100,7 @@ class KubeCluster:
             join_bridge(netns, self.cp, self.bridge, f"{NET}.{host}/24")
             containerd = CriNode(self.base / "nodes", name, self.world.bin,
                                  self._torpor_config(name, version), netns=netns,
+                                 decryption_keys=self.keys_dir(name),
                                  sandbox_image=sandbox, subnet=subnet,
                                  containerd_bin=ecosystem.containerd_bin(version),
                                  runc=ecosystem.runc_path("1.3") if version == "2.4" else None,
@@ -126,14 +132,28 @@ class KubeCluster:
         key and trusts it; a containerd that does not restore pods itself (2.4) restores signed
         checkpoints on create."""
         config = tomllib.loads(self.world.config.read_text())
-        config.setdefault("image", {})["signing_key"] = str(self.signer)
+        image = config.setdefault("image", {})
+        image["signing_key"] = str(self.signer)
+        if name == "node-a":
+            image["encrypt_recipients"] = [f"jwe:{self.node_key.with_suffix('.pub')}"]
         restore = config.setdefault("restore", {})
         restore["trusted_keys"] = [str(self.signer.with_suffix(".pub"))]
+        restore["decryption_keys"] = [str(self.keys_dir(name))]
         if version == "2.4":
             restore["on_create"] = "signed"
         path = self.base / f"torpor-{name}.toml"
         path.write_text(tomlkit.dumps(config))
         return path
+
+    def keys_dir(self, name: str) -> Path:
+        """The node's private keys (containerd's /etc/containerd/ocicrypt/keys, on a node of
+        its own): the nodes' encryption key."""
+        keys = self.base / f"keys-{name}"
+        if not keys.exists():
+            keys.mkdir(mode=0o700)
+            (keys / "nodes.pem").write_bytes(self.node_key.read_bytes())
+            (keys / "nodes.pem").chmod(0o600)
+        return keys
 
     def _wait_ready(self, node: KubeNode) -> None:
         wait_for(lambda: self._ready(node), timeout=120, interval=0.5,

@@ -85,6 +85,7 @@ def node_env(cluster: KubeCluster, name: str, state: Path) -> dict[str, str]:
         "CONTAINERD_BIN": node.containerd,
         "PATH": node.env["PATH"], "PREFIX": str(cluster.world.bin.parent),
         "TORPOR_BIN": str(cluster.world.bin / "torpor"), "TORPOR_SKIP_INSTALL": "1",
+        "TORPOR_DECRYPTION_KEYS": str(cluster.keys_dir(name)),
         "TORPOR_RESTART": "none", "TORPORD": "none",
         "TORPORD_STATE": str(state / "torpord.installed"),
         # the host's namespaces: this machine's pid 1 lies outside the test's (its

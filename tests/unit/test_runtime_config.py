@@ -89,3 +89,28 @@ def test_engine_dropins_parse() -> None:
     assert crio["crio"]["runtime"]["runtimes"]["torpor"]["runtime_path"] == \
         "/usr/local/bin/torpor-runc"
     assert "handler: torpor" in engines.kubernetes_runtime_class()
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_install_names_torpor_decoder_for_encrypted_layers(tmp_path: Path, version: int) -> None:
+    """--decryption-keys: torpor-decoder (beside torpor-runc) in the two stream processor tables
+    containerd hands a layer's keys to; on 2.x the CRI plugin's own pull, which hands them."""
+    path = tmp_path / "config.toml"
+    path.write_text(USER_CONFIG.replace("version = 2", f"version = {version}")
+                    .replace("io.containerd.grpc.v1.cri", containerd.CRI_PLUGIN[version]))
+    keys = "/etc/containerd/ocicrypt/keys"
+    changed, _ = containerd.install(str(path), "/opt/t/bin/torpor-runc", decryption_keys=keys)
+    assert changed
+    doc = tomllib.loads(path.read_text())
+    tar, gzip = (doc["stream_processors"][f"io.containerd.ocicrypt.decoder.v1.{t}"]
+                 for t in ("tar", "tar.gzip"))
+    assert tar["path"] == gzip["path"] == "/opt/t/bin/torpor-decoder"
+    assert "application/vnd.oci.image.layer.v1.tar+zstd+encrypted" in tar["accepts"]
+    assert tar["returns"] == "application/vnd.oci.image.layer.v1.tar"
+    assert tar["args"] == ["--decryption-keys-path", keys, "--decompress"]
+    assert gzip["args"] == ["--decryption-keys-path", keys]
+    local_pull = doc["plugins"].get("io.containerd.cri.v1.images", {}).get("use_local_image_pull")
+    assert local_pull is (True if version == 3 else None)
+    assert "SystemdCgroup = true" in path.read_text()       # the user's settings stay
+    assert containerd.install(str(path), "/opt/t/bin/torpor-runc",
+                              decryption_keys=keys) == (False, None)

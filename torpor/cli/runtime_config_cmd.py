@@ -34,18 +34,27 @@ def runtime_config() -> None:
               "version of the file given to --install).")
 @click.option("--install", "install_path", metavar="CONFIG_TOML",
               help="Merge into this config.toml, keeping its comments and settings (backup kept).")
-def containerd_cmd(binary: str | None, version: str | None, install_path: str | None) -> None:
+@click.option("--decryption-keys", "keys_dir", metavar="DIR",
+              help="Also decrypt encrypted images as they are pulled, with the private keys in "
+              "DIR (containerd's own: /etc/containerd/ocicrypt/keys): torpor-decoder, beside "
+              "torpor-runc, as containerd's stream processor of encrypted layers.")
+def containerd_cmd(binary: str | None, version: str | None, install_path: str | None,
+                   keys_dir: str | None) -> None:
     """The runtime class `torpor` (io.containerd.runc.v2 with BinaryName = torpor-runc)."""
     path = _binary(binary)
+    if keys_dir and not os.path.isabs(keys_dir):
+        raise ConfigError(f"--decryption-keys {keys_dir} is not an absolute path")
     if not install_path:
-        click.echo(containerd.render(path, int(version or 2)), nl=False)
+        click.echo(containerd.render(path, int(version or 2), keys_dir), nl=False)
         return
-    changed, backup = containerd.install(install_path, path, int(version) if version else None)
+    changed, backup = containerd.install(install_path, path, int(version) if version else None,
+                                         keys_dir)
     if not changed:
-        click.echo(f"{install_path} already has the torpor runtime class")
+        click.echo(f"{install_path} already has the torpor runtime class"
+                   + (" and torpor-decoder" if keys_dir else ""))
         return
-    click.echo(f"added runtime class torpor to {install_path}"
-               + (f" (backup: {backup})" if backup else ""))
+    click.echo(f"added runtime class torpor{' and torpor-decoder' if keys_dir else ''} to "
+               f"{install_path}" + (f" (backup: {backup})" if backup else ""))
     click.echo("restart containerd to load it: systemctl restart containerd")
 
 

@@ -8,17 +8,28 @@ What containers/ocicrypt's "jwe" scheme takes, so that the same files work with 
     `KEY.pem:SECRET`, as skopeo's `--decryption-key` writes it. skopeo 1.9 itself reads EC keys
     only as PKCS#8 (`-----BEGIN PRIVATE KEY-----`); torpor reads all of these.
 A file that is not such a key is a ConfigError naming the file and what was expected.
+
+A node's own keys come from its configuration (`node_recipients`, `node_keys`): `[image]
+encrypt_recipients` are added to every image the node builds, and `[restore] decryption_keys`
+(files, or directories of them, as containerd's /etc/containerd/ocicrypt/keys) to every key a
+command is given.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from torpor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torpor.config import Config
 
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
@@ -117,6 +128,53 @@ def load_decryption_key(path: str, password: bytes | None = None) -> DecryptionK
     if not _supported(key):
         raise ConfigError(f"decryption key {path} is {type(key).__name__}, not {_KEY_HELP}")
     return DecryptionKey(key, path)  # type: ignore[arg-type]  # narrowed by _supported
+
+
+def node_recipients(cfg: Config, given: Sequence[Recipient] = ()) -> tuple[Recipient, ...]:
+    """`given` (--encrypt-recipient) and the node's ([image] encrypt_recipients), each file once."""
+    found = list(given)
+    seen = {os.path.realpath(r.source) for r in given}
+    for spec in cfg.image_encrypt_recipients:
+        recipient = parse_recipient(spec)
+        if os.path.realpath(recipient.source) not in seen:
+            seen.add(os.path.realpath(recipient.source))
+            found.append(recipient)
+    return tuple(found)
+
+
+def node_keys(cfg: Config, given: Sequence[DecryptionKey] = ()) -> tuple[DecryptionKey, ...]:
+    """`given` (--decryption-key) and the node's ([restore] decryption_keys), each file once."""
+    found = list(given)
+    seen = {os.path.realpath(k.source) for k in given}
+    for key in keys_in(cfg.restore_decryption_keys):
+        if os.path.realpath(key.source) not in seen:
+            seen.add(os.path.realpath(key.source))
+            found.append(key)
+    return tuple(found)
+
+
+def keys_in(paths: Sequence[str]) -> tuple[DecryptionKey, ...]:
+    """The private keys at `paths`: a file is a key; a directory holds keys, as containerd's
+    ocicrypt key directory does: each plain file in it (hidden ones aside) is a private key, or a
+    public key or certificate beside one, which is passed over."""
+    keys: list[DecryptionKey] = []
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as e:
+            raise ConfigError(f"cannot read decryption keys {path}: {e.strerror}") from None
+        if not stat.S_ISDIR(mode):
+            keys.append(load_decryption_key(path))
+            continue
+        for name in sorted(os.listdir(path)):
+            file = os.path.join(path, name)
+            if name.startswith(".") or not os.path.isfile(file):
+                continue
+            data = _read(file, "decryption key")
+            if b"PUBLIC KEY-----" in data or b"CERTIFICATE-----" in data:
+                continue
+            keys.append(load_decryption_key(file))
+    return tuple(keys)
 
 
 def _supported(key: object) -> bool:

@@ -9,12 +9,19 @@ containerd 2.1+ recognises it by the annotation on whatever the reference resolv
 manifest: torpor pushes no index above it), unpacks it through the pod's snapshotter and reads
 the archive's files from that view. The layer blob is a zstd-compressed kubelet archive, so
 checkpointctl reads it directly.
+
+With recipients the layer is encrypted in ocicrypt's format (`...tar+zstd+encrypted`,
+torpor.image.ocicrypt): the node that restores it decrypts it as it unpacks it, through the
+stream processor containerd's configuration names for that type (torpor-decoder or imgcrypt's
+ctd-decoder, with the node's keys; docs/encryption.md). The config's diff_id and the manifest's
+annotations stay in the clear, as in every ocicrypt image.
 """
 
 from __future__ import annotations
 
 import platform
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +31,9 @@ from torpor.formats import mediatypes as mt
 from torpor.formats import timestamps
 from torpor.formats.digests import sha256_digest
 from torpor.formats.oci import Descriptor
-from torpor.image import documents
+from torpor.image import documents, ocicrypt
 from torpor.image import layers as layer_io
+from torpor.image.encryption_keys import Recipient
 from torpor.image.kube_archive import KubeArchive
 from torpor.node.facts import go_arch
 from torpor.registry.layout import Layout
@@ -55,18 +63,26 @@ def annotations_of(archive: KubeArchive) -> dict[str, str]:
 
 
 def build(archive: KubeArchive, layout_dir: str, ref_name: str | None,
-          level: int = 3) -> BuiltKubeImage:
-    """The image into the OCI layout `layout_dir` (created if new), tagged `ref_name`."""
+          level: int = 3, recipients: Sequence[Recipient] = ()) -> BuiltKubeImage:
+    """The image into the OCI layout `layout_dir` (created if new), tagged `ref_name`, its layer
+    encrypted for `recipients` if there are any."""
     layout = Layout(Path(layout_dir))
     created = layout.create()
     staging = Path(layout_dir) / ".torpor-build"
     staging.mkdir(mode=0o700, exist_ok=True)
     try:
         written = layer_io.compress_file(archive.path, str(staging / "archive.tar.zst"), level)
-        blob = layout.blob_path(written.digest)
-        layout.blob_dir(written.digest)
-        shutil.move(written.path, blob)
         layer = Descriptor(mt.OCI_LAYER_ZSTD, written.digest, written.size)
+        path = written.path
+        if recipients:
+            path = str(staging / "archive.tar.zst.encrypted")
+            sealed = ocicrypt.encrypt_blob(written.path, path, mt.OCI_LAYER_ZSTD, recipients,
+                                           durable=False)
+            raw = {"mediaType": sealed.media_type, "digest": sealed.digest, "size": sealed.size,
+                   "annotations": sealed.annotations}
+            layer = Descriptor(sealed.media_type, sealed.digest, sealed.size, raw)
+        layout.blob_dir(layer.digest)
+        shutil.move(path, layout.blob_path(layer.digest))
         now = timestamps.now()
         config: dict[str, Any] = {
             "created": now, "architecture": go_arch(), "os": platform.system().lower(),

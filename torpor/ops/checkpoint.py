@@ -22,8 +22,9 @@ removes what was written. Steps, in order:
     diff service for other snapshotters), CRIU's log;
  6. write checkpoint.json (container, spec, image, request, node, state, sizes, timings);
  7. images only: compress the layers (zstd, in parallel) into an OCI layout, each layer
-    uploaded as soon as it is written when pushing; with recipients, encrypt the image
-    (image.encrypt_layout) before anything is uploaded (no early upload then);
+    uploaded as soon as it is written when pushing; with recipients (--encrypt-recipient and
+    the node's own, [image] encrypt_recipients), encrypt the image (image.encrypt_layout)
+    before anything is uploaded (no early upload then);
  8. --push: push the manifests, then sign the index (--sign KEY, else [image] signing_key:
     torpor.signing; the key is read in step 1); -t REF: put the image in the local store,
     replacing an older REF in one rename; the index digest is recorded as this node's own;
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,11 @@ def _checkpoint(client: Client, container_id: str, request: CheckpointRequest,
         progress.step(f"recovered {recovered.describe()}")
     progress.step(f"reading container {container_id}")
     container = _read_container(client, container_id)
+    if (target.ref or target.oci) and cfg.image_encrypt_recipients:
+        # an image of this node is encrypted as its configuration says, early uploads included
+        from torpor.image.encryption_keys import node_recipients
+
+        target = replace(target, recipients=node_recipients(cfg, target.recipients))
     push: RegistryOptions | None = None
     early: EarlyBlobs | None = None
     signing_key: SigningKey | None = None

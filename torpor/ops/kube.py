@@ -46,7 +46,8 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
-from torpor.image import kube_archive, kube_image, sound_indexes, unpack
+from torpor.image import encrypt_layout, kube_archive, kube_image, sound_indexes, unpack
+from torpor.image.encryption_keys import node_keys, node_recipients
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options, tag_of
@@ -180,14 +181,17 @@ def _as_directory(source: str, store: Store, cfg: Config, access: RegistryAccess
         image = unpack.open_layout(layout)
     progress.step("unpacking the state layers")
     directory = str(scratch / "checkpoint")
-    unpack.unpack_state(image, layout, directory)
-    base_layers = len(image.metadata.image.layers) if image.metadata.image else 0
+    keys = node_keys(cfg) if image.encrypted else ()   # [restore] decryption_keys
+    unpack.check_keys(image, keys)
+    metadata = unpack.full_metadata(image, layout, keys, str(scratch))
+    unpack.unpack_state(image, layout, directory, keys=keys, metadata=metadata)
+    base_layers = len(metadata.image.layers) if metadata.image else 0
     layers = image.runnable_blobs[1:]
     rw_layer = None
     if len(layers) > base_layers:
         from torpor.registry.layout import Layout
 
-        rw_layer = str(Layout(Path(layout)).blob_path(layers[-1].digest))
+        rw_layer, _, _ = unpack.open_blob(Layout(Path(layout)), layers[-1], keys, str(scratch))
     yield directory, rw_layer
 
 
@@ -227,6 +231,10 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
         sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
+        recipients = node_recipients(cfg)                    # [image] encrypt_recipients
+        if recipients:
+            progress.step(f"encrypting the layers for {len(recipients)} recipient(s)")
+            built = encrypt_layout.encrypt_built(built, recipients, tag_of(ref))
     signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     reference = digest = None
     if push and ref:
@@ -339,7 +347,9 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
         found = kube_archive.read(archive_path)
         layout_dir = directory or str(Path(scratch) / "layout")
         progress.step("compressing the archive into the image's layer (zstd)")
-        built = kube_image.build(found, layout_dir, tag_of(ref), cfg.image_zstd_level)
+        recipients = node_recipients(cfg)                    # [image] encrypt_recipients
+        built = kube_image.build(found, layout_dir, tag_of(ref), cfg.image_zstd_level,
+                                 recipients)
         reference = None
         if ref:
             progress.step(f"pushing {ref}")

@@ -9,7 +9,8 @@ downloaded, and nothing left behind when one fails:
  2. its index and metadata from the registry, pinned to that digest, the signature checked on
     the index first: `[restore] on_create = "signed"` requires a signature by a trusted key (or
     this node's own checkpoint) whatever `[restore] signatures` says, "on" leaves it to that;
- 3. this node against the checkpoint (architecture, kernel, CPU, CRIU, runc, cgroups, GPUs);
+ 3. this node against the checkpoint (architecture, kernel, CPU, CRIU, runc, cgroups, GPUs),
+    and an encrypted checkpoint's keys: the node's own, `[restore] decryption_keys`;
  4. the layers into the node's store (those it already holds are linked, not downloaded);
  5. the state layers unpacked into `directory` (CRIU's images, torpor-runc's state).
 The spec runc restores with, and CRIU's images against it, are checked by torpor-runc restore
@@ -31,6 +32,7 @@ from torpor.errors import ConfigError, NotFound, RestoreError
 from torpor.formats.metadata import CheckpointMetadata
 from torpor.formats.node import NodeFacts
 from torpor.image import unpack
+from torpor.image.encryption_keys import node_keys
 from torpor.image.store import Store
 from torpor.node import compat, facts
 from torpor.ops import generation
@@ -133,9 +135,13 @@ def fetch_checkpoint(cfg: Config, source: CheckpointSource, directory: str,
                            signing.checker(cfg, source.name, signed, required_by)) as plan:
         image = image_of_plan(plan, limits)
         compat.check(image.metadata, cfg, this_node(runc))
-        unpack.check_keys(image, ())
+        keys = node_keys(cfg)            # [restore] decryption_keys: no one gives any here
+        unpack.check_keys(image, keys)
         check_download_space(plan, cfg)
-        metadata = unpack.full_metadata(image, str(scratch / "metadata"), (), str(scratch),
+        wanted = [layer for layer in plan.layers if layer.descriptor == image.metadata_layer]
+        if wanted:   # an encrypted image's whole metadata: one small layer, first
+            plan.download(str(scratch / "metadata"), wanted)
+        metadata = unpack.full_metadata(image, str(scratch / "metadata"), keys, str(scratch),
                                         limits)
         unpack.ensure_restorable(metadata)
         with store.downloading(plan.top.descriptor.digest), \
@@ -144,8 +150,8 @@ def fetch_checkpoint(cfg: Config, source: CheckpointSource, directory: str,
             layers = generation.place_for_pull(plan, held, staged)
             plan.download(staged, layers)
     check_rootfs(source, image, str(store.layout(source.name)))
-    unpack.unpack_state(image, str(store.layout(source.name)), directory, limits=limits,
-                        metadata=metadata)
+    unpack.unpack_state(image, str(store.layout(source.name)), directory, keys=keys,
+                        limits=limits, metadata=metadata)
     return metadata, signed[0]
 
 

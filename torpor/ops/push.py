@@ -2,8 +2,10 @@
 checkpoint directory, packed first) to a registry.
 
 Steps: 1. find the source; 2. a checkpoint directory only: compress it into an OCI layout in
-scratch space (its base image comes from containerd); 3. with recipients: encrypt a copy of the
-layout in scratch space (image.encrypt_layout; the source is left as it is); 4. push the
+scratch space (its base image comes from containerd); 3. with recipients (--encrypt-recipient
+and the node's [image] encrypt_recipients): encrypt a copy of the layout in scratch space
+(image.encrypt_layout; the source is left as it is), unless the node's are the only ones and the
+image is encrypted already (its checkpoint encrypted it for them); 4. push the
 layout's blobs (cross-repo mounts where the registry has them, resumable uploads, every blob
 digest-checked), then its manifests; 5. with --sign KEY (or [image] signing_key): sign the
 pushed index, as cosign does (torpor.signing).
@@ -20,8 +22,8 @@ from torpor.config import Config
 from torpor.containerd.client import Client
 from torpor.errors import ImageError
 from torpor.image import build as image_build
-from torpor.image import encrypt_layout
-from torpor.image.encryption_keys import Recipient
+from torpor.image import encrypt_layout, unpack
+from torpor.image.encryption_keys import Recipient, node_recipients
 from torpor.image.store import Store
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, kind_of, registry_options, tag_of
@@ -48,6 +50,8 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
          access: RegistryAccess = NO_CREDENTIALS, progress: Progress = SILENT,
          recipients: Sequence[Recipient] = (), sign: str | None = None) -> PushResult:
     store = Store(cfg.image_store)
+    asked = bool(recipients)
+    recipients = node_recipients(cfg, recipients) if cfg.image_encrypt_recipients else recipients
     key_path = sign or cfg.image_signing_key
     signing_key = signing.load_signing_key(key_path) if key_path else None
     kind = kind_of(source, store)
@@ -67,6 +71,8 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
                                            ref_name=tag_of(ref), level=cfg.image_zstd_level).layout)
         else:
             layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
+            if recipients and not asked and unpack.open_layout(layout).encrypted:
+                recipients = ()
             if recipients:
                 layout = encrypt_layout.copy_layout(layout, str(scratch / "layout"))
         if recipients:

@@ -73,7 +73,7 @@ from torpor.formats.spec_requests import (
 )
 from torpor.image import directory as checkpoint_dir
 from torpor.image import kube_archive, unpack
-from torpor.image.encryption_keys import DecryptionKey
+from torpor.image.encryption_keys import DecryptionKey, node_keys
 from torpor.image.store import Store
 from torpor.lazy import progress as lazy_progress
 from torpor.node import compat
@@ -202,7 +202,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     moved = Moved()
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
-    keys = options.decryption_keys
+    keys = node_keys(cfg, options.decryption_keys)   # and the node's: [restore] decryption_keys
     if options.name is not None:   # before anything is read or downloaded
         name_free(client, options.name)
     kind = kind_of(source, store)

@@ -11,8 +11,16 @@ runtime by name rather than by class (`ctr run --runtime`, `nerdctl run --runtim
 `io.containerd.torpor.v2`, served by the `containerd-shim-torpor-v2` launcher; the runtime class
 is for Kubernetes (RuntimeClass handler `torpor`) and every other CRI client.
 
-`install` merges the class into an existing config.toml with tomlkit, so the user's comments,
-order and other settings stay as they were, after writing a backup beside it.
+With a directory of decryption keys (`--decryption-keys DIR`, containerd's own is
+/etc/containerd/ocicrypt/keys), the config also names torpor-decoder (beside torpor-runc) as the
+stream processor of encrypted layers, in the two tables containerd hands a layer's keys to
+(torpor/image/stream_decoder.py): a node then pulls and runs the images torpor encrypts for it,
+through the CRI plugin (Kubernetes) as through ctr. On containerd 2.x (config version 3) the CRI
+plugin must then pull images itself (`use_local_image_pull = true`): its default, the transfer
+service, hands no keys to a stream processor, so it cannot unpack an encrypted layer.
+
+`install` merges these into an existing config.toml with tomlkit, so the user's comments, order
+and other settings stay as they were, after writing a backup beside it.
 """
 
 from __future__ import annotations
@@ -31,6 +39,48 @@ from torpor.errors import ConfigError
 RUNTIME_NAME = "torpor"
 SHIM_RUNTIME = "io.containerd.torpor.v2"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+CRI_IMAGES = "io.containerd.cri.v1.images"     # version 3
+DECODER = "io.containerd.ocicrypt.decoder.v1"
+_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def decoder_tables(decoder: str, keys_dir: str) -> dict[str, dict[str, Any]]:
+    """The stream processors of encrypted layers: torpor-decoder with the node's keys."""
+    args = ["--decryption-keys-path", keys_dir]
+    return {
+        f"{DECODER}.tar": {"accepts": [f"{_LAYER}+encrypted", f"{_LAYER}+zstd+encrypted"],
+                           "returns": _LAYER, "path": decoder, "args": [*args, "--decompress"]},
+        f"{DECODER}.tar.gzip": {"accepts": [f"{_LAYER}+gzip+encrypted"],
+                                "returns": f"{_LAYER}+gzip", "path": decoder, "args": args},
+    }
+
+
+def _set_decoder(doc: tomlkit.TOMLDocument, decoder: str, keys_dir: str, version: int) -> bool:
+    """torpor-decoder's stream processors into `doc`; True when something changed."""
+    changed = False
+    if version == 3:
+        images = _child(_child(doc, "plugins"), CRI_IMAGES)
+        if images.get("use_local_image_pull") is not True:
+            images["use_local_image_pull"] = True
+            changed = True
+    processors = _child(doc, "stream_processors")
+    for name, wanted in decoder_tables(decoder, keys_dir).items():
+        current = processors.get(name)
+        if current is not None and {k: current.get(k) for k in wanted} == wanted:
+            continue
+        table = tomlkit.table()
+        for key, value in wanted.items():
+            table.add(key, value)
+        if current is not None:
+            processors[name] = table
+        else:
+            processors.add(name, table)
+        changed = True
+    return changed
+
+
+def decoder_beside(binary_name: str) -> str:
+    return os.path.join(os.path.dirname(binary_name), "torpor-decoder")
 
 
 def runtime_table(binary_name: str, runtime_options: dict[str, Any] | None = None) -> Table:
@@ -101,8 +151,11 @@ def _child(parent: Any, key: str) -> Any:
     return child
 
 
-def render(binary_name: str, version: int = 2) -> str:
-    return tomlkit.dumps(document(binary_name, version))
+def render(binary_name: str, version: int = 2, decryption_keys: str | None = None) -> str:
+    doc = document(binary_name, version)
+    if decryption_keys:
+        _set_decoder(doc, decoder_beside(binary_name), decryption_keys, version)
+    return tomlkit.dumps(doc)
 
 
 def config_version(doc: tomlkit.TOMLDocument) -> int:
@@ -115,8 +168,10 @@ def config_version(doc: tomlkit.TOMLDocument) -> int:
     return int(version)
 
 
-def install(path: str, binary_name: str, version: int | None = None) -> tuple[bool, str | None]:
-    """Merge the runtime class into config.toml at `path`; (changed, backup path)."""
+def install(path: str, binary_name: str, version: int | None = None,
+            decryption_keys: str | None = None) -> tuple[bool, str | None]:
+    """Merge the runtime class (and with `decryption_keys`, torpor-decoder) into config.toml at
+    `path`; (changed, backup path)."""
     try:
         with open(path) as f:
             text = f.read()
@@ -135,6 +190,9 @@ def install(path: str, binary_name: str, version: int | None = None) -> tuple[bo
         if version is not None and version != found:
             raise ConfigError(f"{path} is config version {found}, not {version}")
         changed = _set_runtime(doc, binary_name, found, keep_default=True)
+    if decryption_keys:
+        changed = _set_decoder(doc, decoder_beside(binary_name), decryption_keys,
+                               config_version(doc)) or changed
     if not changed:
         return False, None
     backup = None

@@ -47,6 +47,7 @@ ENTRY_POINTS = {
     "torpor-hook": "torpor.oci_hooks.main",
     "torpor": "torpor.cli.handoff",
     "torpord": "torpor.service.daemon",
+    "torpor-decoder": "torpor.image.stream_decoder",   # containerd's stream processor
 }
 
 
