@@ -14,8 +14,12 @@ Printed per run:
 - service outage: the longest time the Service gave no answer (the original answers until the
   moved pod is ready and the endpoints switch);
 - cold: the baseline's time from the delete to the new pod's first answer, state lost.
+Each run moves one pod with node A's images encrypted for the nodes' key, as the test cluster's
+node A is configured (`[image] encrypt_recipients`; node B's and C's containerd decrypt with
+torpor-decoder), and one with that setting taken out, one after the other (`--encryption`).
 
     python -m bench.kube_migrate [--mib 256] [--runs 1] [--to node-b|node-c]
+                                 [--encryption both|on|off]
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import argparse
 import itertools
 import subprocess
 import time
+import tomllib
+
+import tomlkit
 
 from bench.harness import world
 from tests.support import ecosystem, kube_agent
@@ -107,6 +114,18 @@ def migrate_once(cluster: KubeCluster, run: int, mib: int, target: str) -> dict[
             "state_gap": state_gap, "outage": outage, "cold": cold, "wrong": len(wrong)}
 
 
+def encrypt_on_node_a(cluster: KubeCluster, on: bool) -> None:
+    """Node A's [image] encrypt_recipients as the cluster set it, or taken out."""
+    path = cluster.nodes["node-a"].containerd.torpor_config
+    config = tomllib.loads(path.read_text())
+    image = config.setdefault("image", {})
+    if on:
+        image["encrypt_recipients"] = [f"jwe:{cluster.node_key.with_suffix('.pub')}"]
+    else:
+        image.pop("encrypt_recipients", None)
+    path.write_text(tomlkit.dumps(config))
+
+
 def cold_restart(cluster: KubeCluster, name: str, mib: int) -> float:
     """The baseline: the pod deleted and created again, plain runc, on the other node."""
     started = time.monotonic()
@@ -126,7 +145,9 @@ def main() -> None:
     parser.add_argument("--to", default="node-b", choices=("node-b", "node-c"),
                         help="node-b: containerd 2.1, its own CRI restores; node-c: containerd "
                              "2.4, torpor's restore on create")
+    parser.add_argument("--encryption", default="both", choices=("both", "on", "off"))
     args = parser.parse_args()
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.encryption]
     if ecosystem.kube_missing():
         raise SystemExit("no Kubernetes binaries: `make deps` builds them")
     with world() as w:
@@ -138,11 +159,13 @@ def main() -> None:
             cluster.kubectl("apply", "-f", str(RUNTIME_CLASS))
             kube_agent.start_agents(cluster)
             print(f"torpor kube migrate of a pod holding {args.mib} MiB, node-a -> {args.to}")
-            print(f"{'run':>3} {'migrate':>8} {'ckpt':>6} {'state gap':>10} {'outage':>7} "
-                  f"{'cold':>6} {'gap/cold':>8}")
-            for run in range(args.runs):
-                r = migrate_once(cluster, run, args.mib, args.to)
-                print(f"{run:>3} {r['migrate']:>7.2f}s {r['checkpoint']:>5.2f}s "
+            print(f"{'run':>3} {'enc':>3} {'migrate':>8} {'ckpt':>6} {'state gap':>10} "
+                  f"{'outage':>7} {'cold':>6} {'gap/cold':>8}")
+            for run, encrypted in itertools.product(range(args.runs), modes):
+                encrypt_on_node_a(cluster, encrypted)
+                r = migrate_once(cluster, run * 2 + int(not encrypted), args.mib, args.to)
+                print(f"{run:>3} {'yes' if encrypted else 'no':>3} {r['migrate']:>7.2f}s "
+                      f"{r['checkpoint']:>5.2f}s "
                       f"{r['state_gap']:>9.2f}s {r['outage']:>6.2f}s {r['cold']:>5.2f}s "
                       f"{r['state_gap'] / r['cold']:>7.2f}x"
                       + (f"  ({r['wrong']} wrong answers)" if r["wrong"] else ""))

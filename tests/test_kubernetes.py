@@ -400,6 +400,31 @@ def test_node_installer_merges_the_runtime_class_once(tmp_path: Path, torpor_bin
     assert config.read_text() == text
 
 
+def test_node_installer_names_torpor_decoder_with_the_nodes_keys(tmp_path: Path,
+                                                                   torpor_bin: Path) -> None:
+    """TORPOR_DECRYPTION_KEYS: containerd 2.1.9 (the real one, `config dump`) loads torpor-decoder
+    as the stream processor of encrypted layers (in place of the ctd-decoder its defaults name
+    and this node lacks), its CRI plugin pulls itself (the transfer service hands no keys to a
+    processor), and torpor's new config opens encrypted checkpoints with the same keys."""
+    real = ecosystem.CONTAINERD2_BIN / "containerd"
+    env = {**installer_env(tmp_path, torpor_bin), "TORPOR_DECRYPTION_KEYS": str(tmp_path / "keys")}
+    install(env)
+    config = Path(env["CONTAINERD_CONFIG"])
+    dumped = tomllib.loads(subprocess.run([str(real), "--config", str(config), "config", "dump"],
+                                          capture_output=True, text=True, check=True).stdout)
+    for table in ("tar", "tar.gzip"):
+        processor = dumped["stream_processors"][f"io.containerd.ocicrypt.decoder.v1.{table}"]
+        assert processor["path"] == str(torpor_bin / "torpor-decoder")
+        assert processor["args"][:2] == ["--decryption-keys-path", str(tmp_path / "keys")]
+    assert dumped["plugins"]["io.containerd.cri.v1.images"]["use_local_image_pull"] is True
+    written = tomllib.loads((tmp_path / "torpor" / "config.toml").read_text())
+    assert written["restore"]["decryption_keys"] == [str(tmp_path / "keys")]
+    text = config.read_text()
+    again = install(env)
+    assert "already has the torpor runtime class and torpor-decoder" in again.stderr
+    assert config.read_text() == text
+
+
 def service_config(tmp_path: Path) -> tuple[Path, int]:
     """torpor's config for an installer run that starts torpord: its socket, state, store and
     metrics port on temporary paths; its port."""

@@ -144,13 +144,21 @@ fi
 # 5. torpor's own config: a Kubernetes node restores only signed checkpoints (or its own); a
 #    config the operator wrote is left as it is
 TORPOR_CONFIG_FILE=${TORPOR_CONFIG:-/etc/torpor/config.toml}
+keys=${TORPOR_DECRYPTION_KEYS:-}
 if [ ! -e "$TORPOR_CONFIG_FILE" ]; then
     mkdir -p "$(dirname "$TORPOR_CONFIG_FILE")"
-    printf '# written by torpor-node-install: see docs/signing.md\n[restore]\nsignatures = "required"\ntrusted_keys = []\n' \
-        >"$TORPOR_CONFIG_FILE.tmp" && mv "$TORPOR_CONFIG_FILE.tmp" "$TORPOR_CONFIG_FILE"
+    { printf '# written by torpor-node-install: see docs/signing.md and docs/encryption.md\n'
+      printf '[restore]\nsignatures = "required"\ntrusted_keys = []\n'
+      [ -z "$keys" ] || printf 'decryption_keys = ["%s"]\n' "$keys"
+    } >"$TORPOR_CONFIG_FILE.tmp" && mv "$TORPOR_CONFIG_FILE.tmp" "$TORPOR_CONFIG_FILE"
     log "wrote $TORPOR_CONFIG_FILE: [restore] signatures = \"required\" (add your keys to trusted_keys)"
-elif ! grep -q '^[[:space:]]*signatures[[:space:]]*=' "$TORPOR_CONFIG_FILE"; then
-    log "note: $TORPOR_CONFIG_FILE sets no [restore] signatures: unsigned checkpoints from other nodes restore here"
+else
+    if ! grep -q '^[[:space:]]*signatures[[:space:]]*=' "$TORPOR_CONFIG_FILE"; then
+        log "note: $TORPOR_CONFIG_FILE sets no [restore] signatures: unsigned checkpoints from other nodes restore here"
+    fi
+    if [ -n "$keys" ] && ! grep -q '^[[:space:]]*decryption_keys[[:space:]]*=' "$TORPOR_CONFIG_FILE"; then
+        log "note: $TORPOR_CONFIG_FILE sets no [restore] decryption_keys: add \"$TORPOR_DECRYPTION_KEYS\" for encrypted checkpoints to restore on create"
+    fi
 fi
 
 # 6. torpord

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from torpor.errors import ConfigError
 from torpor.runtime_config import containerd, engines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,3 +115,21 @@ def test_install_names_torpor_decoder_for_encrypted_layers(tmp_path: Path, versi
     assert "SystemdCgroup = true" in path.read_text()       # the user's settings stay
     assert containerd.install(str(path), "/opt/t/bin/torpor-runc",
                               decryption_keys=keys) == (False, None)
+
+
+def test_install_keeps_a_ctd_decoder_that_is_installed(tmp_path: Path) -> None:
+    """imgcrypt's decoder on the node also opens pkcs7, pgp and key-provider images: torpor
+    does not replace it behind the admin's back (a ctd-decoder named but not installed, as in
+    containerd's defaults, is replaced)."""
+    ctd = tmp_path / "ctd-decoder"
+    ctd.write_text("#!/bin/sh\n")
+    ctd.chmod(0o755)
+    path = tmp_path / "config.toml"
+    table = ('\n[stream_processors."io.containerd.ocicrypt.decoder.v1.tar"]\n'
+             'accepts = ["application/vnd.oci.image.layer.v1.tar+encrypted"]\n'
+             'returns = "application/vnd.oci.image.layer.v1.tar"\npath = "{}"\n')
+    path.write_text(USER_CONFIG + table.format(ctd))
+    with pytest.raises(ConfigError, match="ctd-decoder, installed on this node"):
+        containerd.install(str(path), "/opt/t/bin/torpor-runc", decryption_keys="/k")
+    path.write_text(USER_CONFIG + table.format("ctd-decoder-not-installed"))
+    assert containerd.install(str(path), "/opt/t/bin/torpor-runc", decryption_keys="/k")[0]

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,49 @@ def test_the_nodes_keys_and_recipients_join_the_ones_given(tmp_path: Path) -> No
         Config({"image": {"encrypt_recipients": [str(pub)]}})
     with pytest.raises(ConfigError, match="not an absolute path"):
         Config({"restore": {"decryption_keys": ["keys"]}})
+
+
+def test_a_key_directory_passes_over_der_public_keys_and_reads_bundles(tmp_path: Path) -> None:
+    pem, pub = key_pair(tmp_path, "node")
+    key = serialization.load_pem_public_key(pub.read_bytes())
+    (tmp_path / "node.der").write_bytes(key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
+    bundle = tmp_path / "bundle.pem"       # a private key with its public half, one file
+    bundle.write_bytes(pem.read_bytes() + pub.read_bytes())
+    assert [k.source for k in keys_in([str(tmp_path)])] == [str(bundle), str(pem)]
+
+
+def test_a_decoder_killed_mid_layer_leaves_no_plaintext(tmp_path: Path) -> None:
+    """containerd SIGKILLs a processor whose pull it gives up: what was decrypted so far was
+    in a file with no name, which the kernel drops."""
+    keys, scratch = tmp_path / "keys", tmp_path / "scratch"
+    keys.mkdir()
+    scratch.mkdir()
+    _, pub = key_pair(keys, "node")
+    blob, descriptor = encrypted_layer(tmp_path, os.urandom(4 << 20), mt.OCI_LAYER_ZSTD, pub)
+    read, write = os.pipe()
+    os.write(write, payload(descriptor))
+    os.close(write)
+    data = blob.read_bytes()
+    with open(tmp_path / "out", "wb") as out:
+        decoder = subprocess.Popen(
+            ["bash", "-c", f'exec "$0" "$@" 3<&{read}', sys.executable, "-m",
+             "torpor.image.stream_decoder", "--decryption-keys-path", str(keys),
+             "--scratch", str(scratch)],
+            stdin=subprocess.PIPE, stdout=out, pass_fds=(read,))
+    os.close(read)
+    assert decoder.stdin is not None
+    decoder.stdin.write(data[: len(data) // 2])
+    decoder.stdin.flush()
+    deadline = time.monotonic() + 10
+    while decoder.poll() is None and time.monotonic() < deadline:
+        fds = Path(f"/proc/{decoder.pid}/fd")
+        if any("(deleted)" in os.readlink(f) or str(scratch) in os.readlink(f)
+               for f in fds.iterdir() if f.is_symlink()):
+            break                        # its spool is open: half the layer is in it
+        time.sleep(0.05)
+    decoder.kill()
+    decoder.wait()
+    decoder.stdin.close()
+    assert list(scratch.iterdir()) == []
+    assert (tmp_path / "out").read_bytes() == b""

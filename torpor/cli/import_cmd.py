@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from torpor import config
+from torpor.cli.encryption_flags import recipient_option, recipients_from
 from torpor.cli.output import Globals, emit_json, human_size
 from torpor.cli.registry_flags import access_from, registry_options
 from torpor.cli.target_flags import check_target
@@ -27,12 +28,14 @@ from torpor.ops.nerdctl_import import import_checkpoint
 @click.option("--checkpoint-dir", metavar="DIR",
               help="nerdctl's --checkpoint-dir, if `nerdctl checkpoint create` had one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@recipient_option
 @registry_options
 @click.pass_obj
 def import_command(g: Globals, container: str, checkpoint: str, directory: str | None,
                    oci: bool, ref: str | None, push: bool, data_root: str,
-                   checkpoint_dir: str | None, as_json: bool, username: str | None,
-                   password_stdin: bool, ca_file: str | None, insecure: bool) -> None:
+                   checkpoint_dir: str | None, as_json: bool, recipients: tuple[str, ...],
+                   username: str | None, password_stdin: bool, ca_file: str | None,
+                   insecure: bool) -> None:
     """Import CHECKPOINT, made by `nerdctl checkpoint create CONTAINER CHECKPOINT` of a container
     run under torpor-runc (`nerdctl run --runtime /path/to/torpor-runc`), as a torpor checkpoint
     that `torpor push` and `torpor restore` take to any node. CONTAINER must still exist; give
@@ -44,8 +47,11 @@ def import_command(g: Globals, container: str, checkpoint: str, directory: str |
     torpor import web1 /path/to/ck1 -o DIR   CHECKPOINT as a directory
     """
     check_target(directory, oci, ref, push)
+    if recipients and not (ref or oci):
+        raise click.UsageError("--encrypt-recipient encrypts an image: give -t REF or --oci")
     target = CheckpointTarget(directory=directory, oci=oci, ref=ref, push=push,
-                              registry=access_from(username, password_stdin, ca_file, insecure))
+                              registry=access_from(username, password_stdin, ca_file, insecure),
+                              recipients=recipients_from(recipients))
     with g.client() as client:
         result = import_checkpoint(client, container, checkpoint, target, config.load(),
                                    g.progress(quiet=as_json), data_root=data_root,

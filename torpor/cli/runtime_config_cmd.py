@@ -55,6 +55,11 @@ def containerd_cmd(binary: str | None, version: str | None, install_path: str | 
         return
     click.echo(f"added runtime class torpor{' and torpor-decoder' if keys_dir else ''} to "
                f"{install_path}" + (f" (backup: {backup})" if backup else ""))
+    verifiers = containerd.image_verifiers(install_path) if keys_dir else []
+    if verifiers:
+        click.echo(f"warning: the CRI plugin now pulls images itself (use_local_image_pull), "
+                   f"which containerd's image verifiers do not see: {', '.join(verifiers)} no "
+                   "longer check what pods pull", err=True)
     click.echo("restart containerd to load it: systemctl restart containerd")
 
 

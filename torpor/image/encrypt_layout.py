@@ -51,7 +51,7 @@ def encrypt_layout(layout_dir: str, recipients: Sequence[Recipient], ref_name: s
     """Encrypt the checkpoint image in `layout_dir` for `recipients` (at least one)."""
     layout = Layout(Path(layout_dir))
     image = unpack.open_layout(layout_dir, ref_name)
-    if image.encrypted or image.metadata_layer is not None:
+    if image.sealed:
         raise ImageError(f"the checkpoint image in {layout_dir} is already encrypted")
     config = Descriptor.from_json(image.state_manifest["config"], "state config")
     full = layout.read_small(config, unpack.CONFIG_LIMIT, "checkpoint metadata")

@@ -76,8 +76,10 @@ def expected_hmac(layer: str, annotations: Mapping[str, str]) -> bytes:
     return mac
 
 
-def open_layer_key(layer: str, annotations: Mapping[str, str], keys: Sequence[DecryptionKey]) -> LayerKey:
-    """The layer's key, from the first JWE that one of `keys` opens; DecryptionError if none does."""
+def open_layer_key(layer: str, annotations: Mapping[str, str], keys: Sequence[DecryptionKey],
+                   keys_from: str = "") -> LayerKey:
+    """The layer's key, from the first JWE that one of `keys` opens; DecryptionError if none does
+    (`keys_from`: where the keys came from, for the message; default: --decryption-key)."""
     schemes = sorted(k.removeprefix(KEYS_PREFIX) for k in annotations if k.startswith(KEYS_PREFIX))
     if "jwe" not in schemes:
         what = f"for {', '.join(schemes)} recipients only" if schemes else "without any wrapped key"
@@ -100,8 +102,9 @@ def open_layer_key(layer: str, annotations: Mapping[str, str], keys: Sequence[De
                 return _layer_key(layer, opened)
     tried = ", ".join(k.describe() for k in keys)
     detail = f"; unreadable: {'; '.join(problems)}" if problems else ""
-    raise DecryptionError(f"{layer} is encrypted for other keys: none of the given --decryption-key "
-                          f"files opens it (recipients: {recipients}; tried: {tried}){detail}")
+    offered = f"the keys in {keys_from}" if keys_from else "the given --decryption-key files"
+    raise DecryptionError(f"{layer} is encrypted for other keys: none of {offered} opens it "
+                          f"(recipients: {recipients}; tried: {tried}){detail}")
 
 
 def _layer_key(layer: str, opened: bytes) -> LayerKey:

@@ -171,10 +171,26 @@ def keys_in(paths: Sequence[str]) -> tuple[DecryptionKey, ...]:
             if name.startswith(".") or not os.path.isfile(file):
                 continue
             data = _read(file, "decryption key")
-            if b"PUBLIC KEY-----" in data or b"CERTIFICATE-----" in data:
+            if b"PRIVATE KEY-----" not in data and _public_only(data):
                 continue
             keys.append(load_decryption_key(file))
     return tuple(keys)
+
+
+def _public_only(data: bytes) -> bool:
+    """A public key or a certificate (PEM or DER), which a key directory may hold beside its
+    private keys."""
+    if b"PUBLIC KEY-----" in data or b"CERTIFICATE-----" in data:
+        return True
+    from cryptography import x509
+
+    for load in (serialization.load_der_public_key, x509.load_der_x509_certificate):
+        try:
+            load(data)
+            return True
+        except (ValueError, TypeError):
+            continue
+    return False
 
 
 def _supported(key: object) -> bool:

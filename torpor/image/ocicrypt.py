@@ -26,7 +26,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives import hmac as crypto_hmac
@@ -94,38 +94,47 @@ def encrypt_blob(src_path: str, dst_path: str, media_type: str, recipients: Sequ
 def decrypt_blob(src_path: str, dst_path: str, descriptor: Mapping[str, Any],
                  private_keys: Sequence[DecryptionKey], *, durable: bool = True) -> PlainBlob:
     """Decrypt the blob at `src_path` (whose OCI descriptor is `descriptor`) into `dst_path`."""
+    with open(src_path, "rb", buffering=0) as src, _private_output(dst_path, durable) as out:
+        return decrypt_stream(src, out, descriptor, private_keys, src_path)
+
+
+def decrypt_stream(src: io.RawIOBase, out: BinaryIO, descriptor: Mapping[str, Any],
+                   private_keys: Sequence[DecryptionKey], where: str = "",
+                   keys_from: str = "") -> PlainBlob:
+    """Decrypt `src` (whose OCI descriptor is `descriptor`) into `out`, a private file the
+    caller drops unless this returns: every check is made at the end, after the last byte."""
     media_type = str(descriptor.get("mediaType", ""))
-    layer = f"layer {descriptor.get('digest') or src_path}"
+    layer = f"layer {descriptor.get('digest') or where}"
     if not is_encrypted(media_type):
         raise ImageError(f"{layer} is not encrypted (media type {media_type or 'missing'})")
     annotations = descriptor.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise ImageError(f"{layer}: its annotations are not an object")
     mac_expected = expected_hmac(layer, annotations)
-    key, nonce, recorded = open_layer_key(layer, annotations, private_keys)
+    key, nonce, recorded = open_layer_key(layer, annotations, private_keys, keys_from)
     algorithm = recorded.partition(":")[0] if recorded else "sha256"
     plain_hasher = hashlib.new(algorithm)
     digest_expected, size_expected = descriptor.get("digest"), descriptor.get("size")
     cipher_hasher = new_hasher(digest_expected) if isinstance(digest_expected, str) else None
-    with open(src_path, "rb", buffering=0) as src, _private_output(dst_path, durable) as out:
-        size, mac = _ctr_stream(src, out, key, nonce, encrypt=False, plain=plain_hasher,
-                                cipher=cipher_hasher)
-        if isinstance(size_expected, int) and size != size_expected:
-            raise DigestMismatch(f"{layer} is {size} bytes, its descriptor says {size_expected}: "
-                                 "truncated or damaged; nothing decrypted was kept")
-        if cipher_hasher is not None and isinstance(digest_expected, str):
-            verify_hasher(cipher_hasher, digest_expected, layer)
-        if not hmac.compare_digest(mac, mac_expected):
-            raise DecryptionError(f"{layer} fails its HMAC check: the encrypted blob was altered, "
-                                  "truncated or corrupted; nothing decrypted was kept")
-        digest = f"{algorithm}:{plain_hasher.hexdigest()}"
-        if recorded and digest != recorded:
-            raise DigestMismatch(f"{layer} decrypts to {digest}, not to {recorded} that its sealed "
-                                 "options record; nothing decrypted was kept")
+    size, mac = _ctr_stream(src, out, key, nonce, encrypt=False, plain=plain_hasher,
+                            cipher=cipher_hasher)
+    if isinstance(size_expected, int) and size != size_expected:
+        raise DigestMismatch(f"{layer} is {size} bytes, its descriptor says {size_expected}: "
+                             "truncated or damaged; nothing decrypted was kept")
+    if cipher_hasher is not None and isinstance(digest_expected, str):
+        verify_hasher(cipher_hasher, digest_expected, layer)
+    if not hmac.compare_digest(mac, mac_expected):
+        raise DecryptionError(f"{layer} fails its HMAC check: the encrypted blob was altered, "
+                              "truncated or corrupted; nothing decrypted was kept")
+    digest = f"{algorithm}:{plain_hasher.hexdigest()}"
+    if recorded and digest != recorded:
+        raise DigestMismatch(f"{layer} decrypts to {digest}, not to {recorded} that its sealed "
+                             "options record; nothing decrypted was kept")
     return PlainBlob(media_type.removesuffix(ENCRYPTED_SUFFIX), digest, size)
 
 
-def _ctr_stream(src: io.FileIO, out: io.BufferedWriter, key: bytes, nonce: bytes, *, encrypt: bool,
+def _ctr_stream(src: io.RawIOBase, out: BinaryIO, key: bytes, nonce: bytes, *,
+                encrypt: bool,
                 plain: _Hasher, cipher: _Hasher | None = None) -> tuple[int, bytes]:
     """Stream src through AES-256-CTR into out; (bytes, HMAC-SHA256 of the ciphertext).
 

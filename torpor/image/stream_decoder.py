@@ -29,13 +29,19 @@ rides on the `.tar` ID, because no ID for zstd gets a payload: `--decompress` ma
 plain tar that ID returns.
 
 Unlike ocicrypt, nothing decrypted leaves this program before it is checked: the plaintext goes
-to a private temporary file (torpor.image.ocicrypt.decrypt_blob: the ciphertext's size and
-digest, its HMAC and the sealed plain digest), and only then to stdout. A layer no key opens, or
-any damage, exits 1 with the reason on stderr, which containerd puts in its pull error.
+to an anonymous file (O_TMPFILE, mode 0600, in `--scratch`, /var/tmp by default: on disk, not
+in memory), which the kernel removes however the program ends, even by containerd's SIGKILL;
+torpor.image.ocicrypt.decrypt_stream checks the ciphertext's size and digest, its HMAC and the
+sealed plain digest; only then does the plaintext go to stdout. A layer no key opens, or any
+damage, exits 1 with the reason on stderr, which containerd puts in its pull error.
+Integrity is not provenance: anyone holding a recipient's public key can make a layer that
+passes; who made the image is the signature's business (docs/signing.md), and containerd checks
+the uncompressed layer against the image config's diff_ids as always.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,7 +50,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
 from torpor.errors import DecryptionError, TorporError
@@ -54,8 +60,9 @@ PAYLOAD_FD = 3
 PAYLOAD_TYPE = "io.containerd.ocicrypt.v1.Payload"
 MEDIA_TYPE_ENV = "STREAM_PROCESSOR_MEDIATYPE"
 HOLD_OUTPUT_S = 1.0
+SCRATCH = "/var/tmp"
 USAGE = ("usage: torpor-decoder --decryption-keys-path DIR [--decryption-keys-path DIR ...] "
-         "[--decompress] [--scratch DIR]")
+         "[--decompress] [--scratch DIR (/var/tmp)]")
 
 
 def read_payload(raw: bytes) -> dict[str, Any]:
@@ -82,7 +89,7 @@ def read_payload(raw: bytes) -> dict[str, Any]:
 
 def decode(stdin: BinaryIO, stdout: BinaryIO, descriptor: dict[str, Any],
            key_paths: Sequence[str], *, media_type: str, decompress: bool,
-           scratch: str | None = None) -> int:
+           scratch: str = SCRATCH) -> int:
     """The layer on `stdin`, decrypted (and with `decompress`, uncompressed) onto `stdout`;
     the bytes written."""
     from torpor.image import ocicrypt
@@ -101,16 +108,44 @@ def decode(stdin: BinaryIO, stdout: BinaryIO, descriptor: dict[str, Any],
         raise DecryptionError(f"layer {descriptor.get('digest')} is encrypted (recipients: "
                               f"{recipients or 'none readable'}) and this node holds no private "
                               f"key: {', '.join(key_paths)} has none")
-    with tempfile.TemporaryDirectory(prefix="torpor-decoder-", dir=scratch) as work:
-        plain_path = os.path.join(work, "plain")
-        source = f"/dev/fd/{stdin.fileno()}"
-        plain = ocicrypt.decrypt_blob(source, plain_path, {**descriptor, "mediaType": media_type},
-                                      keys, durable=False)
-        with open(plain_path, "rb") as plain_file:
-            if decompress:
-                return _uncompressed(plain_file, stdout, plain.media_type)
-            shutil.copyfileobj(plain_file, stdout, 1 << 20)
-            return plain.size
+    size = descriptor.get("size")
+    free = _free_bytes(scratch)
+    if isinstance(size, int) and size > free:
+        raise DecryptionError(f"layer {descriptor.get('digest')} is {size} bytes and {scratch} "
+                              f"has {free} free to check it in",
+                              hint="give --scratch a directory on a larger file system")
+    with _anonymous_file(scratch) as plain_file:
+        with open(stdin.fileno(), "rb", buffering=0, closefd=False) as source:
+            plain = ocicrypt.decrypt_stream(source, plain_file,
+                                            {**descriptor, "mediaType": media_type}, keys,
+                                            keys_from=", ".join(key_paths))
+        plain_file.flush()
+        plain_file.seek(0)
+        if decompress:
+            return _uncompressed(plain_file, stdout, plain.media_type)
+        shutil.copyfileobj(plain_file, stdout, 1 << 20)
+        return plain.size
+
+
+def _free_bytes(directory: str) -> int:
+    try:
+        found = os.statvfs(directory)
+    except OSError as e:
+        raise DecryptionError(f"cannot use {directory} to check layers in: {e.strerror}",
+                              hint="give --scratch a directory on disk") from None
+    return found.f_bavail * found.f_frsize
+
+
+@contextlib.contextmanager
+def _anonymous_file(directory: str) -> Iterator[BinaryIO]:
+    """A file with no name in `directory` (mode 0600): gone when its last descriptor closes."""
+    try:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError:   # a file system without O_TMPFILE: a named file, unlinked at once
+        fd, name = tempfile.mkstemp(prefix=".torpor-decoder-", dir=directory)
+        os.unlink(name)
+    with open(fd, "w+b") as f:
+        yield f
 
 
 def _uncompressed(src: BinaryIO, out: BinaryIO, media_type: str) -> int:
@@ -138,9 +173,9 @@ def _uncompressed(src: BinaryIO, out: BinaryIO, media_type: str) -> int:
     return written
 
 
-def _arguments(argv: Sequence[str]) -> tuple[list[str], bool, str | None]:
+def _arguments(argv: Sequence[str]) -> tuple[list[str], bool, str]:
     paths: list[str] = []
-    decompress, scratch = False, None
+    decompress, scratch = False, SCRATCH
     items = iter(argv)
     for arg in items:
         if arg == "--decompress":
@@ -180,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(str(e))
     except BrokenPipeError:
         return _failed("containerd stopped reading the layer")
+    except Exception as e:   # a damaged stream inside a sound layer (zstd, gzip), a full disk
+        return _failed(f"{type(e).__name__}: {e}")
     return 0
 
 
@@ -192,6 +229,9 @@ def _failed(why: str) -> int:
     sys.stderr.write(f"torpor-decoder: {why}\n")
     sys.stderr.flush()
     if stat.S_ISFIFO(os.fstat(1).st_mode) and os.fork() == 0:
+        # stdout alone: containerd waits on stdin's and stderr's copies too before it reaps
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.close(0)
         os.close(2)
         time.sleep(HOLD_OUTPUT_S)
         os._exit(0)

@@ -145,6 +145,13 @@ class CheckpointImage:
         return any(ocicrypt.is_encrypted(d.media_type)
                    for d in (*self.state_layers, *self.runnable_blobs))
 
+    @property
+    def sealed(self) -> bool:
+        """Its own layers are encrypted (a checkpoint encrypted as torpor encrypts one); not
+        merely a base image whose layers were encrypted already."""
+        return self.metadata_layer is not None or any(
+            ocicrypt.is_encrypted(d.media_type) for d in (*self.state_layers, *self.own_layers))
+
 
 def plain_type(media_type: str) -> str:
     return media_type.removesuffix(mt.ENCRYPTED_SUFFIX)

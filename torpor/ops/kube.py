@@ -157,9 +157,11 @@ def pod_spec_of(metadata: CheckpointMetadata) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _as_directory(source: str, store: Store, cfg: Config, access: RegistryAccess,
-                  scratch: Path, progress: Progress) -> Iterator[tuple[str, str | None]]:
+                  scratch: Path, progress: Progress, clear_to: str | None = None
+                  ) -> Iterator[tuple[str, str | None]]:
     """(checkpoint directory, the read-write layer's compressed blob or None) for any torpor
-    checkpoint; images are downloaded (registry) and their state layers unpacked."""
+    checkpoint; images are downloaded (registry) and their state layers unpacked (an encrypted
+    one's with the node's keys, refused where it would then go to `clear_to` in the clear)."""
     kind = kind_of(source, store)
     if kind is SourceKind.KUBE_ARCHIVE:
         raise ImageError(f"{source} already is a kubelet checkpoint archive")
@@ -179,6 +181,10 @@ def _as_directory(source: str, store: Store, cfg: Config, access: RegistryAccess
     else:
         layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
         image = unpack.open_layout(layout)
+    if image.sealed and clear_to:
+        raise ImageError(f"{source} is encrypted, and this node encrypts nothing it builds: its "
+                         f"memory would go to {clear_to} in the clear",
+                         hint="set [image] encrypt_recipients on this node (docs/encryption.md)")
     progress.step("unpacking the state layers")
     directory = str(scratch / "checkpoint")
     keys = node_keys(cfg) if image.encrypted else ()   # [restore] decryption_keys
@@ -220,6 +226,7 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         return KubeResult(found.config.id, archive=archive_path, directory=target,
                           seconds=time.monotonic() - started)
     store = Store(cfg.image_store)
+    recipients = node_recipients(cfg)                        # [image] encrypt_recipients
     if oci and directory:
         output_path.prepare_dir(directory, "the checkpoint image", ImageError,
                                 must_be_empty=False, create=False)
@@ -231,7 +238,6 @@ def import_archive(client: Client, archive_path: str, cfg: Config, *,
         built = image_build.build(client, work, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
         sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
-        recipients = node_recipients(cfg)                    # [image] encrypt_recipients
         if recipients:
             progress.step(f"encrypting the layers for {len(recipients)} recipient(s)")
             built = encrypt_layout.encrypt_built(built, recipients, tag_of(ref))
@@ -331,6 +337,7 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
     pushed to `ref`."""
     started = time.monotonic()
     store = Store(cfg.image_store)
+    recipients = node_recipients(cfg)                        # [image] encrypt_recipients
     if directory:
         output_path.prepare_dir(directory, "the checkpoint image", ImageError,
                                 must_be_empty=False, create=False)
@@ -339,15 +346,15 @@ def image(source: str, cfg: Config, *, ref: str | None = None, directory: str | 
             archive_path = source
         else:
             archive_path = str(Path(scratch) / "checkpoint.tar")
-            with _as_directory(source, store, cfg, access, Path(scratch), progress) as (
-                    checkpoint, rw_layer):
+            clear_to = ref if ref and not recipients else None
+            with _as_directory(source, store, cfg, access, Path(scratch), progress,
+                               clear_to) as (checkpoint, rw_layer):
                 progress.step("writing a kubelet checkpoint archive")
                 write_archive(checkpoint, checkpoint_dir.load(checkpoint), rw_layer,
                               archive_path, Path(scratch))
         found = kube_archive.read(archive_path)
         layout_dir = directory or str(Path(scratch) / "layout")
         progress.step("compressing the archive into the image's layer (zstd)")
-        recipients = node_recipients(cfg)                    # [image] encrypt_recipients
         built = kube_image.build(found, layout_dir, tag_of(ref), cfg.image_zstd_level,
                                  recipients)
         reference = None

@@ -52,7 +52,8 @@ from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ContainerState
 from torpor.image import build as image_build
 from torpor.image import directory as checkpoint_dir
-from torpor.image import sound_indexes
+from torpor.image import encrypt_layout, sound_indexes
+from torpor.image.encryption_keys import node_recipients
 from torpor.image.store import Store
 from torpor.node import runtime as runtime_tools
 from torpor.ops.checkpoint import CheckpointTarget
@@ -105,6 +106,7 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
                             {"total_s": time.monotonic() - started}, dropped, directory=directory)
     store = Store(cfg.image_store)
     ref = target.ref
+    recipients = node_recipients(cfg, target.recipients)   # and [image] encrypt_recipients
     if target.oci and target.directory:
         output_path.prepare_dir(target.directory, "the checkpoint image", CheckpointError,
                                 must_be_empty=False, create=False)
@@ -118,6 +120,9 @@ def import_checkpoint(client: Client, container_name: str, checkpoint: str,
         built = image_build.build(client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level)
         sound_indexes.record(store.root, built.chunk_index)  # a basis for a next generation
+        if recipients:
+            progress.step(f"encrypting the layers for {len(recipients)} recipient(s)")
+            built = encrypt_layout.encrypt_built(built, recipients, tag_of(ref))
     signing.own.record(cfg.image_store, built.index.digest)   # made here (torpor.signing.own)
     pushed = None
     if target.push and ref:

@@ -71,7 +71,7 @@ def push(client: Client | None, source: str, ref: str, cfg: Config,
                                            ref_name=tag_of(ref), level=cfg.image_zstd_level).layout)
         else:
             layout = source if kind is SourceKind.LAYOUT else str(store.layout(source))
-            if recipients and not asked and unpack.open_layout(layout).encrypted:
+            if recipients and not asked and unpack.open_layout(layout).sealed:
                 recipients = ()
             if recipients:
                 layout = encrypt_layout.copy_layout(layout, str(scratch / "layout"))

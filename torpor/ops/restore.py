@@ -195,6 +195,15 @@ def restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     return result
 
 
+def keys_for(image: unpack.CheckpointImage, options: RestoreOptions,
+             cfg: Config) -> tuple[DecryptionKey, ...]:
+    """--decryption-key, and for an encrypted image the node's own ([restore] decryption_keys):
+    a plain image never reads the node's key files."""
+    if not image.encrypted:
+        return options.decryption_keys
+    return node_keys(cfg, options.decryption_keys)
+
+
 def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
              progress: Progress, claims: own_files.Claims) -> RestoreResult:
     started = time.monotonic()
@@ -202,7 +211,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     moved = Moved()
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
-    keys = node_keys(cfg, options.decryption_keys)   # and the node's: [restore] decryption_keys
+    keys = options.decryption_keys    # and, for an encrypted image, the node's (keys_for)
     if options.name is not None:   # before anything is read or downloaded
         name_free(client, options.name)
     kind = kind_of(source, store)
@@ -248,6 +257,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 name_free(client, options.name or image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
                 compat.check(image.metadata, cfg, this_node(client, options))
+                keys = keys_for(image, options, cfg)
                 unpack.check_keys(image, keys)
                 check_download_space(plan, cfg)
                 metadata_layout = str(scratch / "metadata")
@@ -289,6 +299,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             image = unpack.open_layout(layout, limits=limits)
             name_free(client, options.name or image.metadata.container.id)
             compat.check(image.metadata, cfg, this_node(client, options))
+            keys = keys_for(image, options, cfg)
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
             metadata = unpack.full_metadata(image, layout, keys, str(scratch), limits)

@@ -68,6 +68,15 @@ def _set_decoder(doc: tomlkit.TOMLDocument, decoder: str, keys_dir: str, version
         current = processors.get(name)
         if current is not None and {k: current.get(k) for k in wanted} == wanted:
             continue
+        other = str(current.get("path", "")) if current is not None else ""
+        if other and os.path.basename(other) != "torpor-decoder" and shutil.which(other):
+            raise ConfigError(
+                f"stream processor {name} is {other}, installed on this node: torpor-decoder "
+                "would replace it, and images encrypted for its other key schemes (pkcs7, pgp, "
+                "key providers) would no longer run",
+                hint="keep it (it decrypts what torpor encrypts, but for tar+zstd+encrypted "
+                "layers add that type to the .tar table's accepts), or remove it from the "
+                "config first (docs/encryption.md)")
         table = tomlkit.table()
         for key, value in wanted.items():
             table.add(key, value)
@@ -81,6 +90,28 @@ def _set_decoder(doc: tomlkit.TOMLDocument, decoder: str, keys_dir: str, version
 
 def decoder_beside(binary_name: str) -> str:
     return os.path.join(os.path.dirname(binary_name), "torpor-decoder")
+
+
+VERIFIERS = "io.containerd.image-verifier.v1.bindir"
+VERIFIERS_DIR = "/opt/containerd/image-verifier/bin"
+
+
+def image_verifiers(path: str) -> list[str]:
+    """The image verifiers containerd's config at `path` runs on a transfer-service pull
+    (its bindir plugin's programs): a CRI plugin that pulls itself skips them."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    plugin = (doc.get("plugins") or {}).get(VERIFIERS) or {}
+    directory = str(plugin.get("bin_dir") or VERIFIERS_DIR)
+    try:
+        return sorted(os.path.join(directory, n) for n in os.listdir(directory))
+    except OSError:
+        return []
 
 
 def runtime_table(binary_name: str, runtime_options: dict[str, Any] | None = None) -> Table:
