@@ -2,7 +2,9 @@
 docker-registry: the workload runs before its memory is in, and that memory comes out byte for
 byte what it was (memhog's checksum of all of it, computed inside the workload before the
 checkpoint and after the restore); a registry that goes away mid-stream, or a pack damaged in
-it, ends in a clean error with the workload killed and nothing of the restore left."""
+it, ends in a clean error with the workload killed and nothing of the restore left. The eager
+restore streams too: its CRIU images are rebuilt as the packs arrive, the memory exact, and a
+registry gone mid-way leaves nothing."""
 
 from __future__ import annotations
 
@@ -217,3 +219,51 @@ def test_a_damaged_pack_is_refused_before_its_bytes_are_used(
         assert failed.returncode != 0, text
         assert "damaged" in text and packs[0][1] in text, text
         assert left_behind(b, session_dir, name) == [], text
+
+
+def test_an_eager_restore_rebuilds_the_memory_as_the_packs_arrive(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object],
+        session_dir: Path) -> None:
+    """Without --lazy, through a registry slowed to 16 MiB/s: the CRIU images are rebuilt
+    beside the download, and the memory is byte for byte what it was. Then the same restore
+    with the registry gone while the packs arrive: a clean error, nothing of it left, and no
+    half image in the store."""
+    a, b = lazy_nodes
+    name = "eager-stream"
+    repo = f"lazy/{name}:1"
+    proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 16 << 20)
+    try:
+        with containers(a) as on_a, containers(b) as on_b:
+            on_a.append(name)
+            at_start = start_memhog(a, str(test_image["name"]), name, MIB)
+            run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
+            on_b.append(name)
+            done = run_torpor(b, "restore", f"{proxy.host}/{repo}")
+            assert "rebuilding the CRIU images as" in done.stderr, done.stderr
+            assert ask_sum(b, name) == at_start
+            run_torpor(b, "rm", f"{proxy.host}/{repo}")
+    finally:
+        proxy.close()
+    cut = f"{name}-cut"
+    proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
+    try:
+        restore = subprocess.Popen(
+            [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--name", cut],
+            env={**b.env, "TORPOR_NO_SERVICE": "1"}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        assert restore.stdout is not None
+        said = []
+        for line in restore.stdout:
+            said.append(line)
+            if "rebuilding the CRIU images as" in line:
+                break
+        proxy.close()     # the registry gone while the packs arrive
+        said.append(restore.communicate(timeout=120)[0])
+    finally:
+        proxy.close()
+    text = "".join(said)
+    assert restore.returncode != 0, text
+    assert "did not arrive" in text or "registry" in text, text
+    assert left_behind(b, session_dir, cut) == [], text
+    stored = json.loads(run_torpor(b, "ls", "--json").stdout)
+    assert f"{proxy.host}/{repo}" not in [e["ref"] for e in stored], stored

@@ -341,3 +341,44 @@ def test_a_hostile_index_is_refused_before_anything_is_written(tmp_path: Path) -
     with pytest.raises(ImageError, match="over this node's limits"):
         rebuild(index, packs_in(str(tmp_path / "packs")), str(out), limits=RestoreLimits())
     assert list(out.iterdir()) == []
+
+
+def test_a_rebuild_beside_the_download_waits_for_each_pack(tmp_path: Path) -> None:
+    """The packs arrive while the files are rebuilt (a registry pull beside it): the rebuild
+    takes each when it is in place, and comes out exact; a download that fails ends the rebuild
+    with its error, nothing of it left."""
+    import shutil
+    import threading
+
+    from torpor.registry.arrivals import Arrivals
+
+    files = {"pages-1.img": random_bytes(3 * MIB, 11), "pages-2.img": random_bytes(2 * MIB, 12)}
+    gen = generation(tmp_path, "g1", files)
+    index = ChunkIndex.from_json(gen.index.to_json())
+    assert len(index.packs) > 1
+    stored, arriving = tmp_path / "packs", tmp_path / "arriving"
+    arriving.mkdir()
+    arrivals = Arrivals()
+
+    def download() -> None:    # one pack at a time, the last well after the rebuild began
+        for pack in index.packs:
+            name = pack.digest.removeprefix("sha256:")
+            shutil.copy(stored / name, arriving / f".{name}")
+            (arriving / f".{name}").rename(arriving / name)
+            arrivals.arrived(pack.digest)
+    out = tmp_path / "out"
+    out.mkdir()
+    later = threading.Timer(0.2, download)
+    later.start()
+    rebuild(index, packs_in(str(arriving)), str(out), workers=2, arrivals=arrivals)
+    later.join()
+    for name, data in files.items():
+        assert (out / name).read_bytes() == data
+
+    failing, out2 = Arrivals(), tmp_path / "out2"
+    out2.mkdir()
+    threading.Timer(0.1, failing.failed, [OSError("the registry went away")]).start()
+    with pytest.raises(ImageError, match="did not arrive: the registry went away"):
+        rebuild(index, packs_in(str(tmp_path / "nowhere")), str(out2), workers=2,
+                arrivals=failing)
+    assert list(out2.iterdir()) == []

@@ -32,6 +32,7 @@ import zstandard
 from torpor.errors import DigestMismatch, ImageError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
 from torpor.image.packfile import raw_content
+from torpor.registry.arrivals import Arrivals
 
 PackPath = Callable[[str], str]
 _IN_FLIGHT_BYTES = 32 << 20   # per file being rebuilt
@@ -128,6 +129,50 @@ class _Packs:
         return decode_chunk(frame, chunk, pack, self.local.zstd)
 
 
+class _ArrivingPacks:
+    """Packs that a download beside the rebuild is still bringing (registry/arrivals.py): each
+    opened, and its size checked, when its first chunk is needed and it is in place."""
+
+    def __init__(self, index: ChunkIndex, pack_path: PackPath, arrivals: Arrivals) -> None:
+        self.index = index
+        self.pack_path = pack_path
+        self.arrivals = arrivals
+        self.fds: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.local = threading.local()
+
+    def _fd(self, number: int) -> int:
+        fd = self.fds.get(number)
+        if fd is not None:
+            return fd
+        pack = self.index.packs[number]
+        self.arrivals.wait(pack.digest)      # outside the lock: other packs may be in already
+        with self.lock:
+            fd = self.fds.get(number)
+            if fd is None:
+                fd = os.open(self.pack_path(pack.digest), os.O_RDONLY | os.O_CLOEXEC)
+                size = os.fstat(fd).st_size
+                if size != pack.size:
+                    os.close(fd)
+                    raise DigestMismatch(f"pack {pack.digest} is {size} bytes, not the "
+                                         f"{pack.size} its index says")
+                self.fds[number] = fd
+            return fd
+
+    def close(self) -> None:
+        with self.lock:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds = {}
+
+    def chunk(self, chunk: ChunkRecord) -> bytes:
+        pack = self.index.packs[chunk.pack].digest
+        frame = os.pread(self._fd(chunk.pack), chunk.length, chunk.offset)
+        if not hasattr(self.local, "zstd"):
+            self.local.zstd = zstandard.ZstdDecompressor()
+        return decode_chunk(frame, chunk, pack, self.local.zstd)
+
+
 def decode_chunk(frame: bytes, chunk: ChunkRecord, pack: str,
                  zstd: zstandard.ZstdDecompressor) -> bytes:
     """A chunk's bytes from its frame as read from `pack`, checked: frame length, content size,
@@ -164,16 +209,20 @@ Ranges = Callable[[FileRecord], list[tuple[int, int]] | None]
 
 def rebuild(index: ChunkIndex, pack_path: PackPath | None, target: str, *,
             limits: RestoreLimits | None = None, workers: int = 0,
-            chunks: ChunkGetter | None = None, ranges: Ranges | None = None) -> RebuiltFiles:
+            chunks: ChunkGetter | None = None, ranges: Ranges | None = None,
+            arrivals: Arrivals | None = None) -> RebuiltFiles:
     """Write every file of `index` under the directory `target` from the packs `pack_path`
     finds (or the verified chunks `chunks` gives); the files must not exist yet. `ranges`:
     for a file, the (offset, length) ranges to fill, the rest left a hole (a lazy restore's
-    page files: lazy/); None fills it all."""
+    page files: lazy/); None fills it all. `arrivals`: the packs are still arriving, each
+    waited for when first needed (a download beside the rebuild)."""
     check_limits(index, limits or RestoreLimits())
     workers = workers or os.cpu_count() or 1
-    packs: _Packs | _Given
+    packs: _Packs | _Given | _ArrivingPacks
     if chunks is not None:
         packs = _Given(chunks)
+    elif pack_path is not None and arrivals is not None:
+        packs = _ArrivingPacks(index, pack_path, arrivals)
     elif pack_path is not None:
         packs = _Packs(index, pack_path)
     else:
@@ -276,7 +325,8 @@ def _wanted(ranges: list[tuple[int, int]] | None, start: int, length: int) -> bo
     return ranges is None or any(at < start + length and start < at + n for at, n in ranges)
 
 
-def _rebuild_file(index: ChunkIndex, packs: _Packs | _Given, pool: ThreadPoolExecutor,
+def _rebuild_file(index: ChunkIndex, packs: _Packs | _Given | _ArrivingPacks,
+                  pool: ThreadPoolExecutor,
                   record: FileRecord, fd: int, window: int, failed: threading.Event,
                   ranges: list[tuple[int, int]] | None = None) -> int:
     """Write one file's chunks (those overlapping `ranges`); returns the chunk bytes written."""

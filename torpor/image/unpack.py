@@ -52,6 +52,7 @@ from torpor.image import clear_metadata, extract, ocicrypt, reassemble
 from torpor.image import directory as checkpoint_dir
 from torpor.image.encryption_annotations import open_layer_key
 from torpor.image.encryption_keys import DecryptionKey
+from torpor.registry.arrivals import Arrivals
 from torpor.registry.layout import Layout
 
 
@@ -369,12 +370,13 @@ def full_metadata(image: CheckpointImage, layout_dir: str, keys: Sequence[Decryp
 def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: int = 0,
                  keys: Sequence[DecryptionKey] = (), limits: ImageLimits = ImageLimits(),
                  metadata: CheckpointMetadata | None = None,
-                 lazy: LazyRebuild | None = None) -> None:
+                 lazy: LazyRebuild | None = None, arrivals: Arrivals | None = None) -> None:
     """The checkpoint directory (CRIU images, torpor state, checkpoint.json) from the state
     layers; the read-write layer stays in the runnable image. Encrypted layers are decrypted in
     a private directory beside `target`. Removes `target` (and that directory) on failure.
     `lazy`: the packs need not be in the layout; `lazy` rebuilds CRIU's images from its own
-    chunk source, leaving the lazy pages out (torpor.lazy)."""
+    chunk source, leaving the lazy pages out (torpor.lazy). `arrivals`: the packs (plain ones
+    only) are still arriving, from a download beside this (registry/arrivals.py)."""
     layout = Layout(Path(layout_dir))
     parent = os.path.dirname(os.path.abspath(target))
     os.makedirs(target, mode=0o700)
@@ -390,10 +392,11 @@ def unpack_state(image: CheckpointImage, layout_dir: str, target: str, workers: 
         layer_list = image.payload_layers
         for layer in layer_list:
             if not layout.has_blob(layer.digest) and not (
-                    lazy is not None and plain_type(layer.media_type) == mt.PACK):
+                    (lazy is not None or arrivals is not None)
+                    and plain_type(layer.media_type) == mt.PACK):
                 raise ImageError(f"layer {layer.digest} is missing from {layout_dir}")
         rebuild_chunked(image, layout, target, keys, work, expected, limits.max_chunk_index_bytes,
-                        lazy)
+                        lazy, arrivals)
         layer_list = [d for d in layer_list if plain_type(d.media_type) not in CHUNKED_TYPES]
 
         def one(layer: Descriptor) -> None:
@@ -460,7 +463,8 @@ def read_index(layout: Layout, descriptor: Descriptor, cap: int = MAX_INDEX_BYTE
 def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                     keys: Sequence[DecryptionKey] = (), work: str | None = None,
                     expected: dict[str, int] | None = None,
-                    index_cap: int = MAX_INDEX_BYTES, lazy: LazyRebuild | None = None) -> None:
+                    index_cap: int = MAX_INDEX_BYTES, lazy: LazyRebuild | None = None,
+                    arrivals: Arrivals | None = None) -> None:
     """CRIU's image files from the chunk index and its packs, into `target` (reassemble.py:
     limits first, every chunk digest-checked, every file's length checked). Every pack the
     index names must be a layer of the state manifest (so a registry holds it beside the
@@ -488,6 +492,12 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
                 raise ImageError(f"the chunk index names packs the state manifest does not list "
                                  f"with that size: {', '.join(odd[:3])}")
             listed = []
+        if arrivals is not None:   # in place as they arrive; sizes checked then (reassemble)
+            if any(ocicrypt.is_encrypted(d.media_type) for d in listed):
+                raise ImageError("encrypted packs are decrypted whole: they cannot be read as "
+                                 "they arrive")
+            packs = {d.digest: str(layout.blob_path(d.digest)) for d in listed}
+            listed = []
         for pack in listed:
             pack_path, pack_plain, remove = open_blob(layout, pack, keys, work or target)
             if remove:
@@ -509,7 +519,7 @@ def rebuild_chunked(image: CheckpointImage, layout: Layout, target: str,
         if lazy is not None:
             lazy.rebuild(chunks, target)
         else:
-            reassemble.rebuild(chunks, packs.__getitem__, target)
+            reassemble.rebuild(chunks, packs.__getitem__, target, arrivals=arrivals)
     finally:
         for path in opened:
             os.unlink(path)

@@ -78,7 +78,7 @@ from torpor.image.store import Store
 from torpor.lazy import progress as lazy_progress
 from torpor.node import compat
 from torpor.node import runtime as runtime_tools
-from torpor.ops import generation, kube, own_files
+from torpor.ops import generation, kube, own_files, streamed_pull
 from torpor.ops.access import RegistryAccess
 from torpor.ops.sources import (
     SourceKind,
@@ -284,9 +284,16 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                         layers = generation.place_for_pull(plan, held, staged)  # the store has them
                         progress.step(f"downloading {len(layers)} layers "
                                       f"({len(held)} already here)")
-                        moved.downloaded += plan.download(
-                            staged, layers,
-                            progress=progress.transfer("downloaded")).bytes_downloaded
+                        if streamed_pull.streams(image):
+                            moved.downloaded += streamed_pull.download_unpacking(
+                                plan, str(staged), layers, image, str(scratch / "checkpoint"),
+                                keys, limits, metadata, progress,
+                                _deadline(cfg, "downloading and unpacking the CRIU images",
+                                          2 * metadata.sizes.total))
+                        else:
+                            moved.downloaded += plan.download(
+                                staged, layers,
+                                progress=progress.transfer("downloaded")).bytes_downloaded
                         moved.local = sum(la.descriptor.size for la in plan.layers
                                           if la.descriptor.digest in held)
                     layout = str(store.layout(source))
@@ -308,13 +315,15 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             moved.local = layer_bytes(image, lazily=lazy is not None)
         name = ref or f"torpor.local/checkpoint/{image.metadata.container.id}:" \
                       f"{image.index.digest.split(':')[1][:12]}"
-        # 5. the CRIU images into scratch, the runnable image into containerd
-        progress.step("unpacking the CRIU images")
+        # 5. the CRIU images into scratch (done already where they streamed in), the runnable
+        #    image into containerd
         t = time.monotonic()
         directory = str(scratch / "checkpoint")
-        with _deadline(cfg, "unpacking the CRIU images", metadata.sizes.total):
-            unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
-                                metadata=metadata, lazy=lazy)
+        if not os.path.exists(directory):
+            progress.step("unpacking the CRIU images")
+            with _deadline(cfg, "unpacking the CRIU images", metadata.sizes.total):
+                unpack.unpack_state(image, layout, directory, keys=keys, limits=limits,
+                                    metadata=metadata, lazy=lazy)
         with client.lease():
             progress.step(f"importing the runnable image {name} into containerd")
             with _deadline(cfg, f"importing the runnable image {name}",

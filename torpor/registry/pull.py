@@ -28,6 +28,7 @@ from torpor.formats import mediatypes
 from torpor.formats.digests import verify_bytes
 from torpor.formats.oci import Descriptor
 from torpor.registry import manifests
+from torpor.registry.arrivals import Arrivals
 from torpor.registry.blob_download import download_blob
 from torpor.registry.client import FetchedManifest, RepositoryClient
 from torpor.registry.descriptors import ManifestContents, manifest_contents
@@ -100,8 +101,12 @@ class PullPlan:
         return list(found.values())
 
     def download(self, layout_dir: Path | str, layers: Iterable[Layer] | None = None,
-                 progress: ByteProgress | None = None) -> PullResult:
-        """Write the metadata and `layers` (all when None) into `layout_dir`."""
+                 progress: ByteProgress | None = None,
+                 arrivals: Arrivals | None = None) -> PullResult:
+        """Write the metadata and `layers` (all when None) into `layout_dir`. With `arrivals`,
+        the layers come in the order given (not the largest first), each told to `arrivals`
+        once it is in place and checked, and none is started once `arrivals.stopped` is set:
+        a rebuild reads them as they come (registry/arrivals.py)."""
         chosen = self.layers if layers is None else list(layers)
         chosen_digests = {layer.descriptor.digest for layer in chosen}
         layout = Layout(Path(layout_dir))
@@ -111,7 +116,10 @@ class PullPlan:
             to_fetch = self._write_metadata(layout, added)
             to_fetch.update({d.descriptor.digest: d.descriptor for d in chosen
                              if not _intact(layout, d.descriptor)})
-            fetched = self._fetch(layout, list(to_fetch.values()), added, progress)
+            if arrivals is not None:
+                for digest in chosen_digests - set(to_fetch):
+                    arrivals.arrived(digest)      # in place already
+            fetched = self._fetch(layout, list(to_fetch.values()), added, progress, arrivals)
             layout.tag(self._top_entry(), self.reference.tag)
         except BaseException:
             for path in added:
@@ -164,14 +172,25 @@ class PullPlan:
         return large
 
     def _fetch(self, layout: Layout, blobs: list[Descriptor], added: list[Path],
-               callback: ByteProgress | None) -> list[Descriptor]:
+               callback: ByteProgress | None, arrivals: Arrivals | None = None
+               ) -> list[Descriptor]:
         progress = TransferProgress(sum(b.size for b in blobs), callback)
         parallel = max(1, self._session.options.parallel)
-        largest_first = sorted(blobs, key=lambda b: b.size, reverse=True)
+        largest_first = sorted(blobs, key=lambda b: b.size, reverse=True) if arrivals is None \
+            else blobs
+        durable = self._session.options.fsync_blobs
+
+        def one(blob: Descriptor) -> Path:
+            if arrivals is not None and arrivals.stopped.is_set():
+                raise ImageError("the download was stopped: the rebuild beside it failed")
+            path = download_blob(self._repo, blob, layout, progress.reporter(blob.digest),
+                                 durable)
+            if arrivals is not None:
+                arrivals.arrived(blob.digest)
+            return path
+
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="torpor-pull") as pool:
-            durable = self._session.options.fsync_blobs
-            futures = [pool.submit(download_blob, self._repo, b, layout, progress.reporter(b.digest), durable)
-                       for b in largest_first]
+            futures = [pool.submit(one, b) for b in largest_first]
             _, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for future in pending:
                 future.cancel()
