@@ -382,3 +382,53 @@ def test_a_rebuild_beside_the_download_waits_for_each_pack(tmp_path: Path) -> No
         rebuild(index, packs_in(str(tmp_path / "nowhere")), str(out2), workers=2,
                 arrivals=failing)
     assert list(out2.iterdir()) == []
+
+
+def test_a_rebuild_waiting_for_packs_stops_at_once_when_interrupted(tmp_path: Path) -> None:
+    """Ctrl-C or the deadline in the main thread while the rebuild waits for packs that do not
+    come: it ends at once (its waiters woken, the download told to stop), nothing left."""
+    import signal
+    import threading
+    import time
+
+    from torpor.registry.arrivals import Arrivals
+
+    files = {"pages-1.img": random_bytes(2 * MIB, 13)}
+    index = ChunkIndex.from_json(generation(tmp_path, "g1", files).index.to_json())
+    arrivals = Arrivals()
+    rescue = threading.Timer(10, lambda: [arrivals.arrived(p.digest) for p in index.packs])
+    rescue.start()                   # were it to hang: the packs come after 10 s
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    out = tmp_path / "out"
+    out.mkdir()
+    started = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            rebuild(index, packs_in(str(tmp_path / "packs")), str(out), workers=2,
+                    arrivals=arrivals)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        rescue.cancel()
+    assert time.monotonic() - started < 3
+    assert arrivals.stopped.is_set()
+    assert list(out.iterdir()) == []
+
+
+def test_arrivals_say_why_a_pack_will_not_come() -> None:
+    from torpor.registry.arrivals import Arrivals
+
+    gone = Arrivals(["sha256:a"])
+    gone.failed(OSError("connection refused"))
+    with pytest.raises(ImageError, match="did not arrive: connection refused"):
+        gone.wait("sha256:a")        # in, then the download failed: its blobs may be gone
+    done = Arrivals(["sha256:a"])
+    done.finished()
+    done.wait("sha256:a")
+    with pytest.raises(ImageError, match="not among the layers downloaded"):
+        done.wait("sha256:b")

@@ -139,6 +139,33 @@ def step(what: str, limit_s: float, setting: str) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - started), 0.001))
 
 
+@contextlib.contextmanager
+def step_from_arm(what: str, limit_s: float, setting: str) -> Iterator[Callable[[], None]]:
+    """As `step`, but the clock starts only when the block calls the function it is given
+    (from any thread): a rebuild beside a download is timed from the download's end."""
+    if limit_s <= 0 or threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise DeadlineExceeded(f"{what} did not finish within {limit_s:.0f}s",
+                               hint=f"raise {setting} if it needs longer")
+
+    def arm() -> None:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    started = time.monotonic()
+    try:
+        yield arm
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if left:  # an outer step's clock goes on
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - started), 0.001))
+
+
 def memory_bytes(pid: int) -> int:
     """What the memory cgroup of `pid` (a container's init) uses; 0 when unknown."""
     if pid <= 0:

@@ -139,6 +139,7 @@ class _ArrivingPacks:
         self.arrivals = arrivals
         self.fds: dict[int, int] = {}
         self.lock = threading.Lock()
+        self.closed = False
         self.local = threading.local()
 
     def _fd(self, number: int) -> int:
@@ -150,8 +151,14 @@ class _ArrivingPacks:
         with self.lock:
             fd = self.fds.get(number)
             if fd is None:
+                if self.closed:
+                    raise ImageError("the rebuild has ended")
                 fd = os.open(self.pack_path(pack.digest), os.O_RDONLY | os.O_CLOEXEC)
-                size = os.fstat(fd).st_size
+                try:
+                    size = os.fstat(fd).st_size
+                except BaseException:
+                    os.close(fd)
+                    raise
                 if size != pack.size:
                     os.close(fd)
                     raise DigestMismatch(f"pack {pack.digest} is {size} bytes, not the "
@@ -161,6 +168,7 @@ class _ArrivingPacks:
 
     def close(self) -> None:
         with self.lock:
+            self.closed = True
             for fd in self.fds.values():
                 os.close(fd)
             self.fds = {}
@@ -244,12 +252,16 @@ def rebuild(index: ChunkIndex, pack_path: PackPath | None, target: str, *,
             for future in futures:
                 try:
                     written += future.result()
-                except BaseException:
+                except BaseException as e:
                     failed.set()
+                    if arrivals is not None:   # its workers waiting for packs wake, now
+                        arrivals.cancel(e)
                     raise
         return RebuiltFiles(tuple(os.path.join(target, f.name) for f in index.files), written)
-    except BaseException:
+    except BaseException as e:
         failed.set()
+        if arrivals is not None:
+            arrivals.cancel(e)
         for fd in fds:
             os.close(fd)
         for path in reversed(created):

@@ -288,8 +288,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                             moved.downloaded += streamed_pull.download_unpacking(
                                 plan, str(staged), layers, image, str(scratch / "checkpoint"),
                                 keys, limits, metadata, progress,
-                                _deadline(cfg, "downloading and unpacking the CRIU images",
-                                          2 * metadata.sizes.total))
+                                deadlines.budget(cfg.restore_timeout_s, metadata.sizes.total)
+                                if cfg.restore_timeout_s > 0 else 0)
                         else:
                             moved.downloaded += plan.download(
                                 staged, layers,

@@ -1,7 +1,8 @@
 """Blobs that a download is still bringing, for a rebuild that runs beside it: the rebuild waits
 for a pack only when it needs its first chunk, and the download says when each pack is in
-place, its digest checked (PullPlan.download). A download that fails wakes every waiter with its
-error; a rebuild that fails tells the download to stop (`stopped`)."""
+place, its digest checked (PullPlan.download), and when it is done. A download that fails wakes
+every waiter with its error; a rebuild that fails (or is interrupted) cancels: its waiters
+wake, and the download starts no blob and ends the ones under way (`stopped`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class Arrivals:
         self._changed = threading.Condition()
         self._here: set[str] = set(here)
         self._error: BaseException | None = None
+        self._finished = False
         self.stopped = threading.Event()   # the rebuild gave up: fetch nothing more
 
     def arrived(self, digest: str) -> None:
@@ -23,16 +25,39 @@ class Arrivals:
             self._here.add(digest)
             self._changed.notify_all()
 
-    def failed(self, error: BaseException) -> None:
+    def finished(self) -> None:
+        """The download is done: a blob not in by now will not come."""
         with self._changed:
-            self._error = error
+            self._finished = True
             self._changed.notify_all()
 
-    def wait(self, digest: str) -> None:
-        """Until the blob `digest` is in place; ImageError if the download failed first."""
+    def failed(self, error: BaseException) -> None:
         with self._changed:
-            while digest not in self._here:
+            if self._error is None:
+                self._error = error
+            self._changed.notify_all()
+
+    @property
+    def first_error(self) -> BaseException | None:
+        """The first failure told: the download's, or the rebuild's cancel."""
+        with self._changed:
+            return self._error
+
+    def cancel(self, why: BaseException) -> None:
+        """The rebuild stops: its waiters raise, the download stops."""
+        self.stopped.set()
+        self.failed(why)
+
+    def wait(self, digest: str) -> None:
+        """Until the blob `digest` is in place; ImageError once the download failed (its blobs
+        may be gone again) or ended without it, or the rebuild was cancelled."""
+        with self._changed:
+            while True:
                 if self._error is not None:
                     raise ImageError(f"pack {digest} did not arrive: {self._error}") \
                         from self._error
+                if digest in self._here:
+                    return
+                if self._finished:
+                    raise ImageError(f"pack {digest} is not among the layers downloaded")
                 self._changed.wait()

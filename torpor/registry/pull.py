@@ -122,8 +122,9 @@ class PullPlan:
             fetched = self._fetch(layout, list(to_fetch.values()), added, progress, arrivals)
             layout.tag(self._top_entry(), self.reference.tag)
         except BaseException:
-            for path in added:
-                path.unlink(missing_ok=True)
+            if arrivals is None:   # else a rebuild may be reading them: its caller cleans up
+                for path in added:
+                    path.unlink(missing_ok=True)
             if created:
                 shutil.rmtree(layout.root, ignore_errors=True)
             raise
@@ -181,10 +182,17 @@ class PullPlan:
         durable = self._session.options.fsync_blobs
 
         def one(blob: Descriptor) -> Path:
-            if arrivals is not None and arrivals.stopped.is_set():
-                raise ImageError("the download was stopped: the rebuild beside it failed")
-            path = download_blob(self._repo, blob, layout, progress.reporter(blob.digest),
-                                 durable)
+            report = progress.reporter(blob.digest)
+            if arrivals is not None:
+                if arrivals.stopped.is_set():
+                    raise ImageError("the download was stopped: the rebuild beside it ended")
+                told = report
+
+                def report(offset: int) -> None:   # a blob under way ends with the rebuild
+                    if arrivals.stopped.is_set():
+                        raise ImageError("the download was stopped: the rebuild beside it ended")
+                    told(offset)
+            path = download_blob(self._repo, blob, layout, report, durable)
             if arrivals is not None:
                 arrivals.arrived(blob.digest)
             return path
