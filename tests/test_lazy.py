@@ -112,6 +112,21 @@ def test_a_lazily_restored_workload_runs_on_its_exact_memory(
         assert ask_sum(b, f"{name}-2") == at_start
 
 
+def restore_until(node: Node, line: str, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """`torpor restore ARGS` on `node` in a process of its own (no torpord), what it said up to
+    the first line holding `line` (or its end)."""
+    restore = subprocess.Popen([str(node.bin_dir / "torpor"), "restore", *args],
+                               env={**node.env, "TORPOR_NO_SERVICE": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert restore.stdout is not None
+    said = []
+    for said_line in restore.stdout:
+        said.append(said_line)
+        if line in said_line:
+            break
+    return restore, said
+
+
 @contextlib.contextmanager
 def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str,
              ) -> Iterator[tuple[subprocess.Popen[str], list[str], ThrottledProxy]]:
@@ -127,16 +142,8 @@ def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str
             start_memhog(a, image, name, MIB)
             run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
             on_b.append(name)
-            restore = subprocess.Popen(
-                [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--lazy"],
-                env={**b.env, "TORPOR_NO_SERVICE": "1"}, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True)
-            assert restore.stdout is not None
-            said = []
-            for line in restore.stdout:
-                said.append(line)
-                if "its memory is arriving" in line:
-                    break
+            restore, said = restore_until(b, "its memory is arriving", f"{proxy.host}/{repo}",
+                                          "--lazy")
             assert "its memory is arriving" in "".join(said), said
             yield restore, said, proxy
     finally:
@@ -246,22 +253,15 @@ def test_an_eager_restore_rebuilds_the_memory_as_the_packs_arrive(
         proxy.close()
     cut = f"{name}-cut"
     proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
+    restore: subprocess.Popen[str] | None = None
     try:
-        restore = subprocess.Popen(
-            [str(b.bin_dir / "torpor"), "restore", f"{proxy.host}/{repo}", "--name", cut],
-            env={**b.env, "TORPOR_NO_SERVICE": "1"}, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        assert restore.stdout is not None
-        said = []
-        for line in restore.stdout:
-            said.append(line)
-            if "rebuilding the CRIU images as" in line:
-                break
+        restore, said = restore_until(b, "rebuilding the CRIU images as", f"{proxy.host}/{repo}",
+                                      "--name", cut)
         proxy.close()     # the registry gone while the packs arrive
         said.append(restore.communicate(timeout=120)[0])
     finally:
         proxy.close()
-        if restore.poll() is None:
+        if restore is not None and restore.poll() is None:
             restore.kill()
             restore.wait()
     text = "".join(said)

@@ -21,7 +21,7 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from torpor.config import Config
 
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+Sourced = TypeVar("Sourced", "Recipient", "DecryptionKey")
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 
 JWE_PREFIX = "jwe:"
@@ -132,21 +133,20 @@ def load_decryption_key(path: str, password: bytes | None = None) -> DecryptionK
 
 def node_recipients(cfg: Config, given: Sequence[Recipient] = ()) -> tuple[Recipient, ...]:
     """`given` (--encrypt-recipient) and the node's ([image] encrypt_recipients), each file once."""
-    found = list(given)
-    seen = {os.path.realpath(r.source) for r in given}
-    for spec in cfg.image_encrypt_recipients:
-        recipient = parse_recipient(spec)
-        if os.path.realpath(recipient.source) not in seen:
-            seen.add(os.path.realpath(recipient.source))
-            found.append(recipient)
-    return tuple(found)
+    return _each_file_once([*given, *(parse_recipient(spec)
+                                      for spec in cfg.image_encrypt_recipients)])
 
 
 def node_keys(cfg: Config, given: Sequence[DecryptionKey] = ()) -> tuple[DecryptionKey, ...]:
     """`given` (--decryption-key) and the node's ([restore] decryption_keys), each file once."""
-    found = list(given)
-    seen = {os.path.realpath(k.source) for k in given}
-    for key in keys_in(cfg.restore_decryption_keys):
+    return _each_file_once([*given, *keys_in(cfg.restore_decryption_keys)])
+
+
+def _each_file_once(keys: list[Sourced]) -> tuple[Sourced, ...]:
+    """`keys` in order, each file (by its real path) the first time only."""
+    seen: set[str] = set()
+    found = []
+    for key in keys:
         if os.path.realpath(key.source) not in seen:
             seen.add(os.path.realpath(key.source))
             found.append(key)

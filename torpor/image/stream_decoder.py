@@ -61,8 +61,6 @@ PAYLOAD_TYPE = "io.containerd.ocicrypt.v1.Payload"
 MEDIA_TYPE_ENV = "STREAM_PROCESSOR_MEDIATYPE"
 HOLD_OUTPUT_S = 1.0
 SCRATCH = "/var/tmp"
-USAGE = ("usage: torpor-decoder --decryption-keys-path DIR [--decryption-keys-path DIR ...] "
-         "[--decompress] [--scratch DIR (/var/tmp)]")
 
 
 def read_payload(raw: bytes) -> dict[str, Any]:
