@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from torpor.criu_images import dump as criu_dump
+
 from .conftest import Nodes
 from .support.containerd import Node
 from .support.hostile import make_canary, tree_digest
@@ -37,6 +39,7 @@ class World:
     base: Path
     canary: Path
     directory: Path    # the genuine checkpoint directory
+    image: str         # the test image's name
 
 
 def torpor(node: Node, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -64,7 +67,7 @@ def corpus(nodes: Nodes, session_dir: Path, test_image: dict[str, object]) -> It
         torpor(node, "checkpoint", "ck-images", "-o", str(base / "dir"))
     finally:
         remove(node, "ck-images")
-    yield World(node, base, canary, base / "dir")
+    yield World(node, base, canary, base / "dir", str(test_image["name"]))
 
 
 # Editing with crit ---------------------------------------------------------------------------
@@ -238,6 +241,31 @@ def test_the_genuine_checkpoint_restores(corpus: World) -> None:
         assert "CRIU images  nothing beyond the spec" in inspect.stdout
     finally:
         remove(corpus.node, name)
+
+
+def test_a_container_holding_a_zombie_restores(corpus: World) -> None:
+    """A child that exited unreaped is a zombie in CRIU's dump (its leader thread written as
+    uninitialised memory, a core image only); the check reads it and the restore brings the
+    server back. Before, a zombie in a dump (a shell's child caught as it exited) failed the
+    restore: "core-0.img cannot be read"."""
+    node, name = corpus.node, "ci-zombie"
+    directory = corpus.base / "zombie"
+    try:
+        node.ctr("run", "-d", *SHIM, str(corpus.image), name, "sh", "-c",
+                 "(exit 7) & exec kvserver 7002")
+        wait_kv(node, name, port=7002)
+        assert kv_ask(node, name, "SET k undead", port=7002) == "OK"
+        torpor(node, "checkpoint", name, "-o", str(directory))
+        tasks = criu_dump.load(str(directory / "criu")).tasks
+        assert [t.dead for t in tasks] == [False, True], tasks   # CRIU did dump a zombie
+        remove(node, name)
+        torpor(node, "restore", str(directory), "--name", name)
+        wait_kv(node, name, port=7002)
+        assert kv_ask(node, name, "GET k", port=7002) == "undead"
+        assert "CRIU images  nothing beyond the spec" in torpor(node, "inspect",
+                                                                str(directory)).stdout
+    finally:
+        remove(node, name)
 
 
 def test_nerdctl_restores_are_checked_by_torpor_runc(node: Node, torpor_bin: Path,

@@ -262,6 +262,31 @@ def test_check_lists_every_finding_with_its_remedy(tmp_path: Path) -> None:
     assert "without no_new_privs" in message
 
 
+def test_a_zombie_as_criu_dumps_it_is_read_and_needs_no_grant(tmp_path: Path) -> None:
+    """CRIU writes a zombie's leader thread as 0 (or garbage) and gives it a core image only (no ids, no
+    credentials): the dump loads and the zombie is no finding, even under a seccomp spec."""
+    def with_zombie(d: dict[str, Any]) -> None:
+        d["pstree"].append({"pid": 9, "ppid": 1, "pgid": 1, "sid": 1, "threads": [0]})
+        d["cores"][9] = {"mtype": "X86_64", "tc": {"task_state": 2, "exit_code": 7,
+                                                   "personality": 0, "flags": 0,
+                                                   "blk_sigset": 0, "comm": "sh"}}
+
+    assert found(tmp_path, with_zombie) == []
+    loaded = dump.load(str(tmp_path / "criu"))
+    assert [(t.pid, t.dead) for t in loaded.tasks] == [(1, False), (9, True)]
+    seccomp_spec = copy.deepcopy(SPEC)
+    seccomp_spec["linux"]["seccomp"] = {"defaultAction": "SCMP_ACT_ALLOW"}
+    assert found(tmp_path, with_zombie, seccomp_spec) == found(tmp_path, None, seccomp_spec)
+
+    def threaded_zombie(d: dict[str, Any]) -> None:
+        with_zombie(d)
+        d["pstree"][-1]["threads"] = [0, 10]
+        d["cores"][10] = d["cores"][9]
+
+    with pytest.raises(FormatError, match="zombie 9 has 2 threads"):
+        found(tmp_path, threaded_zombie)
+
+
 def test_malformed_images_are_format_errors_in_words(tmp_path: Path) -> None:
     directory = write(tmp_path / "criu", GENUINE)
     inventory = directory / "inventory.img"

@@ -21,6 +21,7 @@ FSTYPES = {0: "unsupported", 1: "proc", 2: "sysfs", 3: "devtmpfs", 4: "binfmt_mi
 TTY_TYPES = {0: "unknown", 1: "pty", 2: "console", 3: "vt", 4: "ctty", 5: "external tty",
              6: "serial"}
 SECCOMP_MODES = {0: "disabled", 1: "strict", 2: "filter"}
+TASK_DEAD = 2                              # core_entry.tc.task_state (compel's task-state.h)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Task:
     comm: str
     threads: tuple[Thread, ...]
     namespaces: dict[str, int]             # NAMESPACES -> CRIU's id of the namespace
+    dead: bool = False                     # a zombie: CRIU restores its exit status, nothing runs
 
     def describe(self) -> str:
         return f"task {self.pid} ({self.comm})" if self.comm else f"task {self.pid}"
@@ -116,13 +118,21 @@ def _ids(ids: Any) -> dict[str, int]:
 
 
 def _task(directory: str, entry: Any) -> Task:
+    """A pstree entry's task. Its first thread is the leader, whose id is the entry's pid: for a
+    zombie CRIU writes there whatever its memory held (0, or any number: criu/pstree.c
+    dump_pstree) and reads past it on restore. A zombie has a core image only (criu/cr-dump.c
+    dump_one_zombie)."""
     pid = int(entry.pid)
-    threads = [int(t) for t in entry.threads] or [pid]
+    threads = list(dict.fromkeys([pid, *(int(t) for t in list(entry.threads)[1:])]))
     cores = {tid: read_one(_path(directory, f"core-{tid}.img"), "CORE", "core_entry")
              for tid in threads}
-    ids = read_one(_path(directory, f"ids-{pid}.img"), "IDS", "task_kobj_ids_entry")
-    main = cores.get(pid) or cores[threads[0]]
+    main = cores[pid]
     comm = str(main.tc.comm) if main.HasField("tc") else ""
+    if main.HasField("tc") and main.tc.task_state == TASK_DEAD:
+        if len(threads) > 1:
+            raise FormatError(f"the CRIU dump's zombie {pid} has {len(threads)} threads")
+        return Task(pid, comm, (), {}, dead=True)
+    ids = read_one(_path(directory, f"ids-{pid}.img"), "IDS", "task_kobj_ids_entry")
     return Task(pid, comm, tuple(_thread(tid, core) for tid, core in cores.items()), _ids(ids))
 
 
