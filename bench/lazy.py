@@ -19,6 +19,7 @@ torpor / runc.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -32,6 +33,9 @@ from tests.support.containerd import Node
 from tests.support.processes import wait_for
 from tests.support.registry import Registry
 from tests.support.workload import task_status
+
+STEPS = {"torpor": ("pull_s", "unpack_s", "restore_s"),     # torpor restore --json timings
+         "lazy": ("pull_s", "restore_s", "lazy_s", "keep_s")}
 
 
 def drop_caches() -> None:
@@ -47,12 +51,15 @@ def start(node: Node, name: str, mib: int, gapdir: Path, runtime: str) -> None:
     wait_for(lambda: (gapdir / "gap").exists(), timeout=300, what=f"{name} to fill {mib} MiB")
 
 
-def timed(cmd: list[str], env: dict[str, str] | None, gap: Path) -> tuple[float, float]:
-    """(answers, complete) in seconds: the tick file back, the command done."""
+def timed(cmd: list[str], env: dict[str, str] | None, gap: Path,
+          stdout: Path | None = None) -> tuple[float, float]:
+    """(answers, complete) in seconds: the tick file back, the command done; its standard
+    output into `stdout` when given."""
     gap.unlink(missing_ok=True)
     t = time.perf_counter()
     log = open(gap.parent.parent / "bench.log", "ab")  # a file: restored processes inherit it
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    out = open(stdout, "wb") if stdout is not None else log
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=log)
     answered = 0.0
     while True:
         if not answered and gap.exists():
@@ -62,6 +69,7 @@ def timed(cmd: list[str], env: dict[str, str] | None, gap: Path) -> tuple[float,
         time.sleep(0.002)
     done = time.perf_counter() - t
     log.close()
+    out.close()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): see {log.name}")
     if not answered:
@@ -107,8 +115,13 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
                 runc(a, "delete", "--force", name)
             else:
                 extra = ["--lazy"] if who == "lazy" else []
+                report = base / f"{name}.json"
                 answered, done = timed([str(w.bin / "torpor"), "restore", ref, "--name", name,
-                                        "--volume", "/gap", *extra], b.env, gap_a / "gap")
+                                        "--volume", "/gap", "--json", *extra], b.env,
+                                       gap_a / "gap", report)
+                timings = json.loads(report.read_text()).get("timings", {})
+                for step in STEPS[who]:
+                    out.setdefault(f"{who}_{step}", []).append(float(timings.get(step, 0.0)))
                 b.ctr("tasks", "delete", "--force", name)
                 b.ctr("containers", "rm", name)
                 subprocess.run([str(w.bin / "torpor"), "rm", ref], env=b.env,
@@ -146,6 +159,9 @@ def main() -> int:
                       f"  lazy {r['lazy_complete']:6.2f} s "
                       f"({r['lazy_complete'] / r['runc_complete']:.2f}x)  runc "
                       f"{r['runc_complete']:6.2f} s", flush=True)
+                for who, steps in STEPS.items():
+                    print(f"          {who}: " + ", ".join(
+                        f"{step[:-2]} {r[f'{who}_{step}']:.2f} s" for step in steps), flush=True)
         finally:
             registry.stop()
     return 0
