@@ -1,58 +1,200 @@
-"""What a lazy restore keeps of the packs it fetched: whole and checked, or nothing."""
+"""A lazy restore's packs downloaded whole behind the workload: the page source reads a chunk
+from the download's file as soon as it is written (checked, as every chunk), a page fault does
+not wait for the download, a failed download leaves the rest to range requests, and what is
+kept is whole."""
 
 from __future__ import annotations
 
-import hashlib
 import os
+import threading
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from torpor.errors import DigestMismatch
-from torpor.formats.chunk_index import PackRecord
-from torpor.lazy.keep import PackKeeper
+from torpor.errors import DigestMismatch, ImageError
+from torpor.formats.chunk_index import ChunkIndex
+from torpor.image.packs import PackSizing, write_generation
+from torpor.lazy.chunks import ChunkSource
+from torpor.lazy.keep import PackDownload
+from torpor.registry.arrivals import Arrivals
+from torpor.registry.layout import Layout
+
+MIB = 1 << 20
 
 
-def pack_of(data: bytes) -> PackRecord:
-    return PackRecord("sha256:" + hashlib.sha256(data).hexdigest(), len(data))
+def generation(tmp_path: Path, mib: int = 6) -> tuple[bytes, ChunkIndex, Path]:
+    """A pages file of random bytes, cut into a few packs under tmp_path/packs."""
+    data = os.urandom(mib * MIB)
+    (tmp_path / "criu").mkdir()
+    (tmp_path / "criu" / "pages-1.img").write_bytes(data)
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    written = write_generation(str(tmp_path), ["criu/pages-1.img"], str(packs),
+                               sizing=PackSizing(smallest=MIB, largest=MIB, per_file=1))
+    assert len(written.index.packs) >= 2   # at most 4 MiB each
+    return data, written.index, packs
 
 
-def test_the_gaps_are_fetched_and_the_pack_is_checked_whole(tmp_path: Path) -> None:
-    data = os.urandom(3 << 20)
-    keeper = PackKeeper(str(tmp_path / "kept"), [pack_of(data)])
-    keeper.add(0, 1 << 20, data[1 << 20:2 << 20])        # what the pages asked for
-    assert keeper.gaps(0) == [(0, 1 << 20), (2 << 20, 1 << 20)]
-    asked = []
-
-    def remote(digest: str, offset: int, length: int) -> bytes:
-        asked.append((offset, length))
-        return data[offset:offset + length]
-
-    layout = tmp_path / "layout"
-    fetched = keeper.finish(remote, lambda d, s: None, layout)
-    assert fetched == 2 << 20 and asked == [(0, 1 << 20), (2 << 20, 1 << 20)]
-    blob = layout / "blobs" / "sha256" / hashlib.sha256(data).hexdigest()
-    assert blob.read_bytes() == data
+def pack_file(packs: Path, digest: str) -> Path:
+    return packs / digest.split(":")[1]
 
 
-def test_a_tampered_range_keeps_nothing(tmp_path: Path) -> None:
-    data = os.urandom(1 << 20)
-    keeper = PackKeeper(str(tmp_path / "kept"), [pack_of(data)])
-    keeper.add(0, 0, data[:4096] + b"x" + data[4097:])
+class Registry:
+    """Range requests answered from the packs, counted (the remote side of ChunkSource)."""
+
+    def __init__(self, packs: Path) -> None:
+        self.packs, self.asked = packs, []
+
+    def __call__(self, digest: str, offset: int, length: int) -> bytes:
+        self.asked.append((digest, offset, length))
+        with open(pack_file(self.packs, digest), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+
+def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
+                gate: threading.Event | None = None, tamper: bool = False) -> threading.Thread:
+    """The packs written into `into` piece by piece as a pull writes them, told to `arrivals`;
+    with `gate`, the first pack stops once it holds the file's first 64 KiB, until the gate
+    is set."""
+    covered, needed = 0, []   # the chunks of the file's first 64 KiB
+    for extent in index.files[0].extents:
+        if covered >= 64 << 10:
+            break
+        needed.append(index.chunks[extent])
+        covered += index.chunks[extent].plain_length
+    assert {c.pack for c in needed} == {0}
+    pause_at, paused = max(c.offset + c.length for c in needed), []
+    def run() -> None:
+        for number, pack in enumerate(index.packs):
+            data = bytearray(pack_file(packs, pack.digest).read_bytes())
+            if tamper:
+                data[100] ^= 1
+            partial = into / f".{number}.partial"
+            with open(partial, "wb") as out:
+                for at in range(0, len(data), 4096):
+                    out.write(data[at:at + 4096])
+                    out.flush()
+                    arrivals.growing(pack.digest, str(partial), min(len(data), at + 4096))
+                    if gate is not None and number == 0 and at + 4096 >= pause_at \
+                            and not paused:
+                        paused.append(at)
+                        gate.wait()
+            final = into / pack.digest.split(":")[1]
+            os.replace(partial, final)
+            arrivals.arrived(pack.digest, str(final))
+        arrivals.finished()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path) -> None:
+    data, index, packs = generation(tmp_path)
+    registry = Registry(packs)
+    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
+    arrivals = Arrivals()
+    source.follow(arrivals)
+    into = tmp_path / "download"
+    into.mkdir()
+    gate = threading.Event()
+    thread = downloading(index, packs, into, arrivals, gate)
+    record = index.files[0]
+    try:
+        got = b"".join(bytes(p) for p in source.read(record, 0, 64 << 10))   # CRIU's background
+        assert got == data[:64 << 10]
+        assert registry.asked == []   # read from the half-written first pack, not by range
+        assert not (into / index.packs[0].digest.split(":")[1]).exists()
+        fault_at = len(data) - 4096    # a page fault in the last pack, not downloaded yet
+        assert b"".join(bytes(p) for p in source.read(record, fault_at, 4096)) == data[fault_at:]
+        assert [a[0] for a in registry.asked] == [index.packs[-1].digest]
+    finally:
+        gate.set()
+        thread.join()
+    whole = b"".join(bytes(p) for p in source.read(record, 0, len(data)))
+    assert whole == data
+    assert source.counts.streamed_bytes > 0
+    source.close()
+
+
+def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path) -> None:
+    _, index, packs = generation(tmp_path)
+    source = ChunkSource(index, lambda d, s: None, Registry(packs), lambda: float("inf"))
+    arrivals = Arrivals()
+    source.follow(arrivals)
+    into = tmp_path / "download"
+    into.mkdir()
+    downloading(index, packs, into, arrivals, tamper=True).join()
     with pytest.raises(DigestMismatch):
-        keeper.finish(lambda d, o, n: b"", lambda d, s: None, tmp_path / "layout")
-    assert not list((tmp_path / "layout" / "blobs" / "sha256").iterdir())
+        source.read(index.files[0], 0, 128 << 10)
+    source.close()
 
 
-def test_a_pack_already_here_is_linked_not_fetched(tmp_path: Path) -> None:
-    data = os.urandom(4096)
-    here = tmp_path / "store-blob"
-    here.write_bytes(data)
-    keeper = PackKeeper(str(tmp_path / "kept"), [pack_of(data)])
+def test_a_failed_download_leaves_the_rest_to_range_requests(tmp_path: Path) -> None:
+    data, index, packs = generation(tmp_path)
+    registry = Registry(packs)
+    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
+    arrivals = Arrivals()
+    source.follow(arrivals)
+    threading.Timer(0.2, arrivals.failed, [ImageError("the registry went")]).start()
+    started = time.monotonic()
+    got = b"".join(bytes(p) for p in source.read(index.files[0], 0, 1 << 20))
+    assert got == data[:1 << 20] and registry.asked
+    assert time.monotonic() - started < 5
+    source.close()
 
-    def remote(digest: str, offset: int, length: int) -> bytes:
-        raise AssertionError("fetched a pack this node holds")
 
-    assert keeper.finish(remote, lambda d, s: str(here), tmp_path / "layout") == 0
-    blob = tmp_path / "layout" / "blobs" / "sha256" / hashlib.sha256(data).hexdigest()
-    assert blob.read_bytes() == data
+def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Path) -> None:
+    _, index, packs = generation(tmp_path)
+    layout = tmp_path / "layout"
+    held = index.packs[0]
+
+    def local(digest: str, size: int) -> str | None:
+        return str(pack_file(packs, digest)) if digest == held.digest else None
+
+    fetched: list[Sequence[str]] = []
+
+    def fetch(digests: Sequence[str], arrivals: Arrivals) -> int:
+        fetched.append(digests)
+        blobs = Layout(layout)
+        for digest in digests:
+            blobs.blob_dir(digest)
+            blobs.blob_path(digest).write_bytes(pack_file(packs, digest).read_bytes())
+            arrivals.arrived(digest, str(blobs.blob_path(digest)))
+        return sum(p.size for p in index.packs if p.digest in digests)
+
+    download = PackDownload(str(layout), index.packs, local, fetch)
+    download.start()
+    assert download.finish() == sum(p.size for p in index.packs[1:])
+    assert fetched == [[p.digest for p in index.packs[1:]]]   # in order, the held one not
+    for pack in index.packs:
+        assert Layout(layout).blob_path(pack.digest).read_bytes() == \
+            pack_file(packs, pack.digest).read_bytes()
+
+
+def test_a_failed_or_cancelled_download_is_said_at_finish(tmp_path: Path) -> None:
+    _, index, _packs = generation(tmp_path)
+
+    def broken(digests: Sequence[str], arrivals: Arrivals) -> int:
+        raise ImageError("nothing is listening at the registry")
+
+    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, broken)
+    download.start()
+    with pytest.raises(ImageError, match="nothing is listening"):
+        download.finish()
+
+    def slow(digests: Sequence[str], arrivals: Arrivals) -> int:
+        while not arrivals.stopped.is_set():
+            time.sleep(0.01)
+        raise ImageError("the download was stopped")
+
+    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, slow)
+    download.start()
+    started = time.monotonic()
+    download.cancel()
+    assert time.monotonic() - started < 2
+    with pytest.raises(ImageError, match="stopped"):
+        download.finish()

@@ -9,6 +9,12 @@ READ_AHEAD bytes of the same file are fetched in the background (CRIU asks in ad
 A registry that fails is asked again, with backoff, until the deadline the caller gives: a
 lazy restore waits rather than fails, since the process waiting for the page cannot run on
 without it. Decoded chunks are kept in a cache of CACHE_BYTES.
+
+Once the packs are downloading whole behind the workload (`follow`, registry/arrivals.py),
+that download is the read-ahead: a chunk is read from its pack's file as soon as the download
+has written it. CRIU's background transfer waits for that; a page fault (a request of less
+than URGENT_BYTES) does not: its chunk comes by a range request at once if the download has
+not brought it yet. Should the download fail, ranges bring the rest, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import zstandard
 from torpor.errors import DeadlineExceeded, DigestMismatch, RegistryError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
 from torpor.image.reassemble import decode_chunk
+from torpor.registry.arrivals import Arrivals
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
 RemoteRange = Callable[[str, int, int], bytes | bytearray]  # digest, offset, length (unverified)
@@ -34,13 +41,16 @@ CACHE_BYTES = 128 << 20
 RUN_BYTES = 8 << 20       # one range request at most
 READ_AHEAD = 64 << 20     # fetched behind each read, of the same file
 FETCHERS = 6
+WAIT_S = 600.0            # the most a request waits for the download before asking by range
+URGENT_BYTES = 64 << 10   # less is a page fault (CRIU asks for one page); more, its background
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass
 class Counts:
     local_bytes: int = 0
-    remote_bytes: int = 0
+    remote_bytes: int = 0      # by range requests
+    streamed_bytes: int = 0    # read from the packs' download, as it came
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -62,6 +72,11 @@ class ChunkSource:
         self._pending: dict[int, Future[None]] = {}
         self._pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="torpor-chunks")
         self._starts: dict[str, list[int]] = {}
+        self._arrivals: Arrivals | None = None
+
+    def follow(self, arrivals: Arrivals) -> None:
+        """Read the packs not on this node from their download as it comes (`arrivals`)."""
+        self._arrivals = arrivals
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)  # a retrying one ends alone
@@ -78,7 +93,7 @@ class ChunkSource:
         first = bisect.bisect_right(starts, offset) - 1
         last = bisect.bisect_left(starts, end)
         pieces = [(record.extents[n], starts[n]) for n in range(max(first, 0), last)]
-        chunks = self._get([e for e, _ in pieces if e >= 0])
+        chunks = self._get([e for e, _ in pieces if e >= 0], urgent=length < URGENT_BYTES)
         out: list[bytes | memoryview] = []
         total = 0
         for extent, start in pieces:
@@ -97,8 +112,9 @@ class ChunkSource:
         number = self._numbers[record.digest]
         return self._get([number])[number]
 
-    def _get(self, numbers: list[int]) -> dict[int, bytes]:
-        """The chunks `numbers`, fetched (in runs, at once) where not cached or on their way."""
+    def _get(self, numbers: list[int], urgent: bool = True) -> dict[int, bytes]:
+        """The chunks `numbers`, fetched (in runs, at once) where not cached or on their way;
+        `urgent`: not waiting for the packs' download."""
         found: dict[int, bytes] = {}
         waiting: list[tuple[int, Future[None]]] = []
         missing: list[int] = []
@@ -111,7 +127,7 @@ class ChunkSource:
                     waiting.append((n, self._pending[n]))
                 else:
                     missing.append(n)
-        futures = self._start(missing)
+        futures = self._start(missing, urgent)
         for future in futures:
             future.result()
         for _, pending in waiting:
@@ -119,14 +135,14 @@ class ChunkSource:
         for n in [*missing, *(n for n, _ in waiting)]:
             with self._lock:
                 data = self._cache.get(n)
-            found[n] = data if data is not None else self._fetch_run([n])[n]
+            found[n] = data if data is not None else self._fetch_run([n], urgent)[n]
         return found
 
-    def _start(self, numbers: list[int]) -> list[Future[None]]:
+    def _start(self, numbers: list[int], urgent: bool = True) -> list[Future[None]]:
         """Fetch `numbers` (none cached or pending) in runs on the fetchers."""
         futures = []
         for run in self._runs(numbers):
-            future: Future[None] = self._pool.submit(self._fetch_into_cache, run)
+            future: Future[None] = self._pool.submit(self._fetch_into_cache, run, urgent)
             with self._lock:
                 for n in run:
                     self._pending[n] = future
@@ -134,7 +150,7 @@ class ChunkSource:
         return futures
 
     def _read_ahead(self, record: FileRecord, starts: list[int], after: int) -> None:
-        if self._remote is None:
+        if self._remote is None or self._arrivals is not None:   # the download reads ahead
             return
         wanted, at = [], after
         limit = (starts[after] if after < len(starts) else 0) + READ_AHEAD
@@ -163,9 +179,9 @@ class ChunkSource:
             runs.append([n])
         return runs
 
-    def _fetch_into_cache(self, run: list[int]) -> None:
+    def _fetch_into_cache(self, run: list[int], urgent: bool = True) -> None:
         try:
-            got = self._fetch_run(run)
+            got = self._fetch_run(run, urgent)
             with self._lock:
                 for n, data in got.items():
                     if n not in self._cache:
@@ -185,18 +201,21 @@ class ChunkSource:
         decoder: zstandard.ZstdDecompressor = self._zstd.d
         return decoder
 
-    def _fetch_run(self, run: list[int]) -> dict[int, bytes]:
+    def _fetch_run(self, run: list[int], urgent: bool = True) -> dict[int, bytes]:
         """The chunks of one run (back to back in one pack), each verified."""
         records = [self.index.chunks[n] for n in run]
         pack = self.index.packs[records[0].pack]
         start = records[0].offset
         length = records[-1].offset + records[-1].length - start
         fd = self._open_local(records[0].pack)
-        span: bytes | bytearray
+        span: bytes | bytearray | None
         if fd is not None:
             span = os.pread(fd, length, start)
             with self.counts.lock:
                 self.counts.local_bytes += len(span)
+        elif (span := self._arriving(pack.digest, start, length, urgent)) is not None:
+            with self.counts.lock:
+                self.counts.streamed_bytes += len(span)
         else:
             span = self._remote_span(pack.digest, start, length, records[0])
             if self._keep is not None:
@@ -205,6 +224,28 @@ class ChunkSource:
         return {n: decode_chunk(bytes(view[r.offset - start:r.offset - start + r.length]), r,
                                 pack.digest, self._decoder())
                 for n, r in zip(run, records, strict=True)}
+
+    def _arriving(self, digest: str, start: int, length: int, urgent: bool) -> bytes | None:
+        """Bytes of a pack from its download (unchecked, as any span), when it has brought
+        them (not `urgent`: once it has, up to the deadline); None when it has not, or will
+        not."""
+        if self._arrivals is None:
+            return None
+        wait_s = 0.0 if urgent else min(WAIT_S, self._give_up_at() - time.monotonic())
+        for _ in range(3):   # a file renamed into place (or dropped) while it was looked up
+            path = self._arrivals.readable(digest, start + length, wait_s)
+            if path is None:
+                return None
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                data = os.pread(fd, length, start)
+            finally:
+                os.close(fd)
+            return data if len(data) == length else None   # a download begun again: short
+        return None
 
     def _remote_span(self, digest: str, start: int, length: int,
                      first: ChunkRecord) -> bytes | bytearray:

@@ -1,12 +1,16 @@
-"""The packs a lazy restore fetched, kept for the node's image store, so that the next restore
-of the image (or of its next generation) reads them here instead of from the registry.
+"""The packs of a lazily restored image, downloaded whole behind the workload, and kept for the
+node's image store, so that the next restore of the image (or of its next generation) reads
+them here instead of from the registry.
 
-Each range the page source fetched is written where it lies, in a file of its own pack, as it
-arrives. Once every page is in, `finish` fetches what no page asked for (the chunks of other
-generations a pack also holds), checks each file against its pack's digest as a pull does, and
-moves it into the layout the restore downloaded the rest of the image into; a pack this node
-already held is linked from the store. A failure here costs the restore nothing: the workload
-already has all its memory; the image is then not stored.
+CRIU's background transfer asks for the pages in address order, which is the packs' order; so
+once the workload runs, the packs this node lacks are downloaded one after the other into the
+restore's layout, as a pull downloads them (each checked against its digest once whole, none
+left half-written), and the page source reads each chunk from its pack's file as soon as the
+download has written it (chunks.py, registry/arrivals.py). That one stream is the read-ahead:
+only page faults that come before it go to the registry by range request. `finish` waits for
+the download and links the packs this node held already into the layout. A failure here costs
+the restore nothing: the page source then fetches by range what is still missing, and the
+image is not stored.
 """
 
 from __future__ import annotations
@@ -14,106 +18,75 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torpor.errors import DigestMismatch
+from torpor.errors import ImageError
 from torpor.formats.chunk_index import PackRecord
-from torpor.formats.digests import new_hasher, verify_hasher
-from torpor.lazy.chunks import LocalPack, RemoteRange
+from torpor.lazy.chunks import LocalPack
+from torpor.registry.arrivals import Arrivals
 from torpor.registry.layout import Layout
 
-GAP_BYTES = 8 << 20   # one range request at most, for the gaps
+Fetch = Callable[[Sequence[str], Arrivals], int]   # packs' digests, in order -> bytes downloaded
 
 
-class PackKeeper:
-    def __init__(self, directory: str, packs: Sequence[PackRecord]) -> None:
-        self.directory, self.packs = directory, packs
-        self.failure: OSError | None = None   # keeping stopped: the restore goes on without
-        self._held: dict[int, list[tuple[int, int]]] = {}   # pack -> (start, end) written
-        self._sealed = False
-        self._lock = threading.Lock()
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+class PackDownload:
+    def __init__(self, layout: str, packs: Sequence[PackRecord], local: LocalPack,
+                 fetch: Fetch) -> None:
+        """`fetch(digests, arrivals)` downloads the packs `digests` into `layout`, in that
+        order, telling `arrivals` (registry/pull.py PullPlan.download)."""
+        self.layout, self.packs, self._local, self._fetch = layout, packs, local, fetch
+        self.arrivals = Arrivals()
+        self._thread: threading.Thread | None = None
+        self._outcome: list[int | BaseException] = []
 
-    def add(self, pack: int, offset: int, data: bytes | bytearray) -> None:
-        """A range of `pack` as the registry sent it (unverified: `finish` checks the whole).
-        Called on the page-fault path: it never raises; a failure (no space, say) only ends
-        the keeping. A range that comes after `finish` began (a fetcher retrying late) is
-        dropped."""
-        with self._lock:
-            if self._sealed or self.failure is not None:
-                return
+    def start(self) -> Arrivals:
+        """The download of the packs not on this node, on a thread of its own."""
+        wanted = [p.digest for p in self.packs if self._local(p.digest, p.size) is None]
+
+        def run() -> None:
             try:
-                fd = os.open(self._path(pack), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    os.pwrite(fd, data, offset)
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                self.failure = e
-                return
-            self._held.setdefault(pack, []).append((offset, offset + len(data)))
+                self._outcome.append(self._fetch(list(dict.fromkeys(wanted)), self.arrivals))
+                self.arrivals.finished()
+            except BaseException as e:   # the page source goes on by range requests
+                self._outcome.append(e)
+                self.arrivals.failed(e)
 
-    def gaps(self, pack: int) -> list[tuple[int, int]]:
-        """The ranges (start, length) of `pack` not written yet."""
-        gaps, at = [], 0
-        for start, end in sorted(self._held.get(pack, [])):
-            if start > at:
-                gaps.append((at, start - at))
-            at = max(at, end)
-        if at < self.packs[pack].size:
-            gaps.append((at, self.packs[pack].size - at))
-        return gaps
+        self._thread = threading.Thread(target=run, name="torpor-lazy-packs", daemon=True)
+        self._thread.start()
+        return self.arrivals
 
-    def finish(self, remote: RemoteRange, local: LocalPack, layout: Path) -> int:
-        """Every pack whole and checked in `layout`'s blobs; the bytes fetched for the gaps.
-        Nothing the page source fetches after this call begins is written."""
-        with self._lock:
-            self._sealed = True
-        if self.failure is not None:
-            raise self.failure
-        fetched = 0
-        blobs = Layout(layout)
-        for number, pack in enumerate(self.packs):
+    def cancel(self) -> None:
+        """The restore gave up: the download starts no pack and ends the ones under way."""
+        self.arrivals.cancel(ImageError("the lazy restore ended"))
+        if self._thread is not None:
+            self._thread.join()
+
+    def finish(self) -> int:
+        """Every pack in the layout, whole and checked; the bytes downloaded."""
+        if self._thread is None:
+            raise ImageError("the packs' download was not started")
+        self._thread.join()
+        [outcome] = self._outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        blobs = Layout(Path(self.layout))
+        for pack in self.packs:
             target = blobs.blob_path(pack.digest)   # the digest validated before it names a file
-            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            here = local(pack.digest, pack.size) if number not in self._held else None
-            if here is not None:
-                _link(Path(here), target)
+            if target.exists():
                 continue
-            fd = os.open(self._path(number), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                for start, length in self.gaps(number):
-                    for at in range(start, start + length, GAP_BYTES):
-                        piece = remote(pack.digest, at, min(GAP_BYTES, start + length - at))
-                        os.pwrite(fd, piece, at)
-                        fetched += len(piece)
-                _check(fd, pack)
-            finally:
-                os.close(fd)
-            os.replace(self._path(number), target)
-        return fetched
-
-    def _path(self, pack: int) -> str:
-        return os.path.join(self.directory, f"pack-{pack}")
-
-
-def _check(fd: int, pack: PackRecord) -> None:
-    size = os.fstat(fd).st_size
-    if size != pack.size:
-        raise DigestMismatch(f"pack {pack.digest} came to {size} bytes, not {pack.size}")
-    hasher, at = new_hasher(pack.digest), 0
-    while at < size:
-        piece = os.pread(fd, min(8 << 20, size - at), at)
-        hasher.update(piece)
-        at += len(piece)
-    verify_hasher(hasher, pack.digest, f"pack {pack.digest}, as the lazy restore fetched it")
+            here = self._local(pack.digest, pack.size)
+            if here is None:
+                raise ImageError(f"pack {pack.digest} is neither downloaded nor on this node")
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _link(Path(here), target)
+        return outcome
 
 
 def _link(source: Path, target: Path) -> None:
-    if target.exists():
-        return
     try:
         os.link(source, target)
+    except FileExistsError:
+        return
     except OSError:
         shutil.copyfile(source, target)

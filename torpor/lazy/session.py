@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from torpor.capture.freezer import Cgroup
 from torpor.errors import DeadlineExceeded, ImageError, RestoreError, TorporError
@@ -38,7 +37,7 @@ from torpor.image import reassemble
 from torpor.lazy import pagemap
 from torpor.lazy.chunks import ChunkSource, LocalPack, RemoteRange
 from torpor.lazy.guard import kill_cgroup
-from torpor.lazy.keep import PackKeeper
+from torpor.lazy.keep import Fetch, PackDownload
 from torpor.lazy.server import PageServer
 
 SOCKET = names.LAZY_PAGES_SOCKET  # where CRIU's restore finds the daemon (its work directory)
@@ -54,15 +53,16 @@ class LazyResult:
     complete_s: float        # the last page placed, after the page source started
     remote_bytes: int        # fetched from the registry by range requests
     local_bytes: int         # read from packs on this node
+    streamed_bytes: int = 0  # read from the packs' download as it came
 
 
 class LazyMemory:
     def __init__(self, local: LocalPack, remote: RemoteRange | None,
-                 keep_dir: str | None = None) -> None:
-        """`keep_dir`: where the packs fetched from the registry are kept (keep.py), so that
-        the restore can store the image once all of it is here."""
-        self._local, self._remote, self._keep_dir = local, remote, keep_dir
-        self.keeper: PackKeeper | None = None
+                 download: tuple[str, Fetch] | None = None) -> None:
+        """`download`: the layout the packs go into whole, behind the workload, and how they
+        are fetched there (keep.py); the restore stores the image once all of it is here."""
+        self._local, self._remote, self._download_to = local, remote, download
+        self.download: PackDownload | None = None
         self.give_up_at = float("inf")   # set by the caller once it knows the deadline
         self.source: ChunkSource | None = None
         self.pagemaps: dict[int, pagemap.Pagemap] = {}
@@ -76,11 +76,11 @@ class LazyMemory:
     def rebuild(self, index: ChunkIndex, target: str,
                 limits: reassemble.RestoreLimits | None = None) -> None:
         """The chunk index's files under `target`, the lazy pages left out (holes)."""
-        if self._keep_dir is not None and self._remote is not None:
-            self.keeper = PackKeeper(self._keep_dir, index.packs)
+        if self._download_to is not None and self._remote is not None:
+            layout, fetch = self._download_to
+            self.download = PackDownload(layout, index.packs, self._local, fetch)
         source = self.source = ChunkSource(index, self._local, self._remote,
-                                           lambda: self.give_up_at,
-                                           self.keeper.add if self.keeper else None)
+                                           lambda: self.give_up_at)
         pages = tuple(f for f in index.files if _PAGES.match(f.name.rsplit("/", 1)[-1]))
         others = tuple(f for f in index.files if f not in pages)
         reassemble.rebuild(replace(index, files=others), None, target, limits=limits,
@@ -103,19 +103,30 @@ class LazyMemory:
         reassemble.rebuild(replace(index, files=pages), None, target, limits=limits,
                            chunks=source.chunk_of, ranges=ranges)
 
-    def keep(self, layout: str) -> int:
-        """The packs this restore fetched (and the rest of them), whole and checked, into
-        `layout`; the bytes fetched for what no page asked for."""
-        assert self.keeper is not None and self._remote is not None
-        return self.keeper.finish(self._remote, self._local, Path(layout))
+    def keep(self) -> int:
+        """Every pack, whole and checked, in the download's layout; the bytes downloaded."""
+        assert self.download is not None
+        return self.download.finish()
+
+    def stop(self) -> None:
+        """The packs' download ended, if there is one (the restore failed)."""
+        if self.download is not None:
+            self.download.cancel()
 
     def read(self, pages_file: str, offset: int, length: int) -> list[bytes | memoryview]:
         assert self.source is not None
         return self.source.read(self.files[pages_file], offset, length)
 
     def start(self, work_dir: str, criu: str, cgroups: list[str]) -> LazyPages:
-        """The page source, serving until `wait` ends; the caller closes it after the task."""
-        return LazyPages(self, work_dir, criu, cgroups)
+        """The page source, serving until `wait` ends; the caller closes it after the task.
+        The packs' download starts with it."""
+        if self.download is not None and self.source is not None:
+            self.source.follow(self.download.start())
+        try:
+            return LazyPages(self, work_dir, criu, cgroups)
+        except BaseException:
+            self.stop()
+            raise
 
 
 class LazyPages:
@@ -193,7 +204,7 @@ class LazyPages:
         while self._thread.is_alive():
             self._thread.join(TRACK_S)
             placed = self.server.served.pages * pagemap.PAGE
-            track(placed, counts.remote_bytes, counts.local_bytes)
+            track(placed, counts.remote_bytes + counts.streamed_bytes, counts.local_bytes)
             if self._thread.is_alive() and time.monotonic() - last >= every_s:
                 last = time.monotonic()
                 report(f"{placed >> 20} of {self.memory.lazy_bytes >> 20} MiB of memory placed "
@@ -214,7 +225,7 @@ class LazyPages:
         served = self.server.served
         counts = self.memory.source.counts
         return LazyResult(self.memory.lazy_bytes, served.done_s,
-                          counts.remote_bytes, counts.local_bytes)
+                          counts.remote_bytes, counts.local_bytes, counts.streamed_bytes)
 
     def kill(self) -> None:
         """The restored container's processes, frozen and killed (before the socket closes)."""
@@ -226,6 +237,7 @@ class LazyPages:
     def close(self) -> None:
         if not self.done:
             self.kill()
+            self.memory.stop()
         self._tell("done")   # what had to be killed is; the guard may go
         with contextlib.suppress(OSError):
             self._guard_pipe.close()

@@ -46,7 +46,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,7 +93,10 @@ from torpor.reporting import SILENT, Progress
 
 if TYPE_CHECKING:
     from torpor.lazy.chunks import RemoteRange
+    from torpor.lazy.keep import Fetch
     from torpor.lazy.session import LazyMemory
+    from torpor.registry.arrivals import Arrivals
+    from torpor.registry.pull import PullPlan
 
 
 @dataclass(frozen=True)
@@ -269,12 +272,12 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                                 limits)
                 approved = approve(metadata, options, cfg, client.namespace, claims)
                 t = time.monotonic()
+                layout = str(scratch / "layout")
                 lazy = lazy_memory(source, image, options, cfg, store, plan.read_range,
-                                   str(scratch / "kept"))
-                if lazy is not None:   # all but the packs, whose chunks come as they are asked
+                                   (layout, packs_into(plan, layout)))
+                if lazy is not None:   # all but the packs: they come behind the workload
                     layers = [la for la in plan.layers if not unpack.is_pack(la.descriptor)]
                     progress.step(f"downloading {len(layers)} layers; the memory comes lazily")
-                    layout = str(scratch / "layout")
                     moved.downloaded += plan.download(
                         layout, layers, progress=progress.transfer("downloaded")).bytes_downloaded
                 else:
@@ -335,10 +338,19 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             result = _restore_directory(client, directory, metadata, approved, options, cfg,
                                         progress, started, source, timings, moved,
                                         rootfs_image=chain, lazy=lazy)
-        if lazy is not None and lazy.keeper is not None and ref is not None:
+        if lazy is not None and lazy.download is not None and ref is not None:
             extra = keep_lazily_fetched(lazy, store, ref, image, layout, progress, timings)
             result = replace(result, downloaded_bytes=result.downloaded_bytes + extra)
         return result
+
+
+def packs_into(plan: PullPlan, layout: str) -> Fetch:
+    """How a lazy restore downloads its packs into `layout`, behind the workload."""
+    def fetch(digests: Sequence[str], arrivals: Arrivals) -> int:
+        layers = {la.descriptor.digest: la for la in plan.layers}
+        return plan.download(layout, [layers[d] for d in digests],
+                             arrivals=arrivals).bytes_downloaded
+    return fetch
 
 
 def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.CheckpointImage,
@@ -347,12 +359,12 @@ def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.
     whole stores it: the next restore of it, or of its next generation, reads the packs here.
     The workload already has all its memory, so nothing here may fail the restore: a failure,
     an interrupt, an image missing a blob or a newer copy of `ref` already stored is said,
-    and the image is not stored. The bytes fetched for it (beyond what the pages asked)."""
+    and the image is not stored. The bytes its packs' download brought."""
     progress.step(f"storing {ref} on this node for the next restore")
     t, extra = time.monotonic(), 0
     try:
-        extra = lazy.keep(layout)
-        timings["kept_extra_bytes"] = extra
+        extra = lazy.keep()
+        timings["packs_downloaded_bytes"] = extra
         blobs = Layout(Path(layout))
         missing = [d.digest for d in (*image.state_layers, *image.runnable_blobs)
                    if not _blob_here(blobs, d.digest, d.size)]
@@ -379,11 +391,12 @@ def _blob_here(layout: Layout, digest: str, size: int) -> bool:
 
 def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOptions,
                 cfg: Config, store: Store, remote: RemoteRange | None,
-                keep_dir: str | None = None) -> LazyMemory | None:
+                download: tuple[str, Fetch] | None = None) -> LazyMemory | None:
     """The page source of a lazy restore (torpor.lazy), when one is asked for (--lazy, or
     `[restore] lazy`) and the image allows it; packs are read from this node's store where it
-    holds them, else by range requests (`remote`). An image that cannot be restored lazily is
-    an error when --lazy asked for it, restored whole when only the node's default did."""
+    holds them, else from their `download` (a layout, and how) as it comes, or by range
+    requests (`remote`). An image that cannot be restored lazily is an error when --lazy asked
+    for it, restored whole when only the node's default did."""
     if not (options.lazy if options.lazy is not None else cfg.restore_lazy):
         return None
     why = ("its memory is CRIU's tar parts, not chunks" if unpack.index_layer(image) is None
@@ -400,7 +413,7 @@ def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOpti
         found = store.find_blob(digest, size)
         return str(found) if found is not None else None
 
-    return LazyMemory(here, remote, keep_dir)
+    return LazyMemory(here, remote, download)
 
 
 def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
@@ -521,6 +534,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
             done = pages.wait(progress.step, track=track)
             lazy_progress.remove(cfg.runtime_state_dir, client.namespace, name)
             timings.update(lazy_s=done.complete_s, lazy_remote_bytes=done.remote_bytes,
+                           lazy_streamed_bytes=done.streamed_bytes,
                            lazy_local_bytes=done.local_bytes)
             moved.downloaded += done.remote_bytes
             moved.local += done.local_bytes

@@ -2,11 +2,18 @@
 for a pack only when it needs its first chunk, and the download says when each pack is in
 place, its digest checked (PullPlan.download), and when it is done. A download that fails wakes
 every waiter with its error; a rebuild that fails (or is interrupted) cancels: its waiters
-wake, and the download starts no blob and ends the ones under way (`stopped`)."""
+wake, and the download starts no blob and ends the ones under way (`stopped`).
+
+A lazy restore's page source reads a pack while it is still coming: the download tells how
+many bytes of each blob are in its file so far (`growing`), and `readable` says which file
+holds a blob's first bytes, the finished blob or the one still being written. Those bytes are
+not checked yet (the blob's digest is, once whole); the reader checks what it reads (each
+chunk's sha256)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 
 from torpor.errors import ImageError
@@ -16,14 +23,44 @@ class Arrivals:
     def __init__(self, here: Iterable[str] = ()) -> None:
         self._changed = threading.Condition()
         self._here: set[str] = set(here)
+        self._paths: dict[str, str] = {}                 # arrived: where it is
+        self._growing: dict[str, tuple[str, int]] = {}   # coming: its file, bytes written
         self._error: BaseException | None = None
         self._finished = False
         self.stopped = threading.Event()   # the rebuild gave up: fetch nothing more
 
-    def arrived(self, digest: str) -> None:
+    def arrived(self, digest: str, path: str | None = None) -> None:
         with self._changed:
             self._here.add(digest)
+            self._growing.pop(digest, None)
+            if path is not None:
+                self._paths[digest] = path
             self._changed.notify_all()
+
+    def growing(self, digest: str, path: str, size: int) -> None:
+        """The download's file for `digest` (not yet checked) holds its first `size` bytes."""
+        with self._changed:
+            if digest not in self._here:
+                self._growing[digest] = (path, size)
+                self._changed.notify_all()
+
+    def readable(self, digest: str, end: int, wait_s: float = 0.0) -> str | None:
+        """A file holding the first `end` bytes of blob `digest`: the blob in place, or its
+        download's file so far (unchecked), waiting up to `wait_s` for it. None when there is
+        none by then, or once no download will bring it (failed, finished, stopped): read it
+        elsewhere."""
+        give_up = time.monotonic() + wait_s
+        with self._changed:
+            while True:
+                if digest in self._here:
+                    return self._paths.get(digest)
+                path, size = self._growing.get(digest, ("", 0))
+                if size >= end:
+                    return path
+                left = give_up - time.monotonic()
+                if left <= 0 or self._error is not None or self._finished:
+                    return None
+                self._changed.wait(left)
 
     def finished(self) -> None:
         """The download is done: a blob not in by now will not come."""

@@ -10,11 +10,11 @@ from the start. A body longer or shorter than the descriptor's size is an error.
 
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from torpor.errors import ImageError
 from torpor.formats.digests import new_hasher, verify_hasher
@@ -26,15 +26,24 @@ from torpor.registry.transport import backoff_delays, sleep
 
 
 def download_blob(repo: RepositoryClient, blob: Descriptor, layout: Layout,
-                  report: Callable[[int], None], durable: bool) -> Path:
+                  report: Callable[[int], None], durable: bool,
+                  growing: Callable[[str, int], None] | None = None) -> Path:
     """Fetch `blob` from `repo` into `layout`; returns its path. DigestMismatch or ImageError
-    (truncated, too long) when the registry's content is not the descriptor's."""
+    (truncated, too long) when the registry's content is not the descriptor's. `growing(path,
+    size)` is told each time the temporary file holds more (written through, readable)."""
     final = layout.blob_path(blob.digest)
     fd, name = tempfile.mkstemp(prefix=f".{final.name[:16]}.", suffix=".partial",
                                 dir=layout.blob_dir(blob.digest))
     partial = Path(name)
     try:
         with os.fdopen(fd, "wb") as out:
+            if growing is not None:
+                told = report
+
+                def report(size: int) -> None:
+                    out.flush()
+                    growing(name, size)
+                    told(size)
             _fetch_into(repo, blob, out, report)
             if durable:
                 out.flush()
@@ -46,7 +55,7 @@ def download_blob(repo: RepositoryClient, blob: Descriptor, layout: Layout,
     return final
 
 
-def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: io.BufferedWriter,
+def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: BinaryIO,
                 report: Callable[[int], None]) -> None:
     what = f"blob {blob.digest} of {repo.repository}"
     delays = backoff_delays(repo.session.options)
@@ -57,7 +66,7 @@ def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: io.BufferedWriter
             if response.status == 200 and written:
                 out.seek(0)
                 out.truncate()
-                hasher, written = new_hasher(blob.digest), 0
+                hasher, written = new_hasher(blob.digest), 0   # a reader of it reads short
             declared = response.header("Content-Length")
             end = written + int(declared) if declared and declared.isdigit() else None
             if end is not None and end > blob.size:

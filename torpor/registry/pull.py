@@ -117,8 +117,8 @@ class PullPlan:
             to_fetch.update({d.descriptor.digest: d.descriptor for d in chosen
                              if not _intact(layout, d.descriptor)})
             if arrivals is not None:
-                for digest in chosen_digests - set(to_fetch):
-                    arrivals.arrived(digest)      # in place already
+                for digest in chosen_digests - set(to_fetch):   # in place already
+                    arrivals.arrived(digest, str(layout.blob_path(digest)))
             fetched = self._fetch(layout, list(to_fetch.values()), added, progress, arrivals)
             layout.tag(self._top_entry(), self.reference.tag)
         except BaseException:
@@ -192,9 +192,11 @@ class PullPlan:
                     if arrivals.stopped.is_set():
                         raise ImageError("the download was stopped: the rebuild beside it ended")
                     told(offset)
-            path = download_blob(self._repo, blob, layout, report, durable)
+            growing = None if arrivals is None else \
+                lambda path, size: arrivals.growing(blob.digest, path, size)
+            path = download_blob(self._repo, blob, layout, report, durable, growing)
             if arrivals is not None:
-                arrivals.arrived(blob.digest)
+                arrivals.arrived(blob.digest, str(path))
             return path
 
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="torpor-pull") as pool:
