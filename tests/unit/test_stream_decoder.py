@@ -94,7 +94,7 @@ def run_decoder(blob: Path, descriptor: dict[str, Any] | None, *args: str,
 
 @pytest.mark.parametrize("media_type,compress,decompress", [
     (mt.OCI_LAYER_ZSTD, zstandard.ZstdCompressor().compress, True),
-    (mt.OCI_LAYER_GZIP, gzip.compress, False),
+    (mt.OCI_LAYER_GZIP, lambda data: gzip.compress(data, mtime=0), False),   # the same twice
     (mt.OCI_LAYER_TAR, lambda data: data, True),
 ])
 def test_containerd_gets_the_layer_it_asked_for(tmp_path: Path, media_type: str, compress: Any,
