@@ -19,6 +19,7 @@ import zstandard
 
 from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
 from torpor.formats.chunk_index import ChunkIndex
+from torpor.image import packs as packs_module
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut
 from torpor.image.packfile import raw_frame_length, read_pack_index
 from torpor.image.packs import (
@@ -150,17 +151,22 @@ def test_round_trip_rebuilds_every_file_exactly_with_holes(tmp_path: Path) -> No
         assert (out / "pages-1.img").stat().st_blocks * 512 <= len(files["pages-1.img"]) - 4 * MIB
 
 
-def test_same_input_gives_identical_packs_and_index(tmp_path: Path) -> None:
+def test_same_input_gives_identical_packs_and_index(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     files = {"pages-1.img": memory_like(1)}
     a = generation(tmp_path, "a", files, packs=tmp_path / "packs-a")
     b = generation(tmp_path, "b", files, packs=tmp_path / "packs-b", workers=1)
-    assert a.index.to_json() == b.index.to_json()
-    assert [p.digest for p in a.new_packs] == [p.digest for p in b.new_packs]
+    monkeypatch.setattr(packs_module, "THREADED_BYTES", 0)   # hashed beside, as large files are
+    c = generation(tmp_path, "c", files, packs=tmp_path / "packs-c")
+    assert a.index.to_json() == b.index.to_json() == c.index.to_json()
+    assert [p.digest for p in a.new_packs] == [p.digest for p in b.new_packs] == \
+        [p.digest for p in c.new_packs]
     assert len(a.new_packs) > 1
     for pack in a.new_packs:
         hex_ = pack.digest.removeprefix("sha256:")
         data = (tmp_path / "packs-a" / hex_).read_bytes()
         assert data == (tmp_path / "packs-b" / hex_).read_bytes() and sha256(data) == pack.digest
+        assert data == (tmp_path / "packs-c" / hex_).read_bytes()
 
 
 def test_unchanged_content_stores_nothing_new(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
 
 import zstandard
 
@@ -105,10 +106,16 @@ def encode(zstd: zstandard.ZstdCompressor, data: memoryview) -> bytes | None:
 
 
 class PackWriter:
-    """One pack being written under `directory`; `finish()` names it by its digest."""
+    """One pack being written under `directory`; `finish()` names it by its digest.
 
-    def __init__(self, directory: str) -> None:
+    With `hashing` (an executor of one thread), the pack's sha256 is computed there, in the
+    order written, while the caller goes on: the pieces handed in must then stay readable until
+    `drain()` (or `finish()`, `abandon()`) returns."""
+
+    def __init__(self, directory: str, hashing: Executor | None = None) -> None:
         self.directory = directory
+        self.hashing = hashing
+        self._hashed: Future[None] | None = None
         self.tmp = os.path.join(directory, f".pack-{os.getpid()}-{threading.get_ident()}-"
                                            f"{time.monotonic_ns()}.tmp")
         self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -121,8 +128,11 @@ class PackWriter:
 
     def _writev(self, pieces: Sequence[bytes | memoryview]) -> None:
         views = [memoryview(p) for p in pieces]
+        if self.hashing is not None:
+            self._hashed = self.hashing.submit(_hash, self.hasher, [memoryview(p) for p in pieces])
         for view in views:
-            self.hasher.update(view)
+            if self.hashing is None:
+                self.hasher.update(view)
             self.size += len(view)
         while views:
             written = os.writev(self.fd, views[:1024])
@@ -146,21 +156,42 @@ class PackWriter:
         self.entries.append((digest, offset, length, len(data)))
         return offset, length
 
+    def drain(self) -> None:
+        """Until the pieces written so far are hashed (they may be let go then)."""
+        if self._hashed is not None:
+            self._hashed.result()
+
+    def wait_hashed(self) -> None:
+        """As drain(), without raising: a failure is raised by finish()."""
+        if self._hashed is not None:
+            self._hashed.exception()
+
     def finish(self) -> PackRecord:
         index = PackIndex(tuple(self.entries)).to_json()
         self._write(struct.pack("<II", SKIPPABLE_MAGIC, len(index) + _TRAILER.size) + index
                     + _TRAILER.pack(len(index), TRAILER_MAGIC))
         os.close(self.fd)
         self.fd = -1
+        self.drain()
         digest = "sha256:" + self.hasher.hexdigest()
         os.rename(self.tmp, os.path.join(self.directory, digest.removeprefix("sha256:")))
         return PackRecord(digest, self.size)
 
     def abandon(self) -> None:
+        self.wait_hashed()   # its pieces let go; its failure is not this one's
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
             os.unlink(self.tmp)
+
+
+def _hash(hasher: hashlib._Hash, views: list[memoryview]) -> None:
+    try:
+        for view in views:
+            hasher.update(view)
+    finally:
+        for view in views:
+            view.release()
 
 
 def read_pack_index(path: str) -> PackIndex:

@@ -25,13 +25,14 @@ in use, so they are stored again and long chains do not drag mostly dead packs a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams, MappedFile, Span
 from torpor.image.packfile import LEVEL, PackWriter, compressor, encode, read_pack_index
 
 PACK_TARGET = 32 << 20       # the largest average pack (a 2 GiB file and more)
+THREADED_BYTES = 64 << 20    # from this many bytes of files, hashing gets threads of its own
 REPACK_BELOW = 0.5           # chunks of a pack less than half in use are stored again (bench/chunks.py)
 RAW = b""                    # a worker's answer for a chunk to be stored raw (never a zstd frame)
 
@@ -172,9 +174,10 @@ class _Generation:
     """The state of one write_generation call (chunks placed so far, the open pack)."""
 
     def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], sizing: PackSizing,
-                 on_pack: Callable[[PackRecord], None] | None = None) -> None:
+                 on_pack: Callable[[PackRecord], None] | None = None,
+                 hashing: Executor | None = None) -> None:
         self.pack_dir, self.known, self.sizing = pack_dir, known, sizing
-        self.on_pack = on_pack
+        self.on_pack, self.hashing = on_pack, hashing
         self.sizes = sizing.of(0)
         self.own = False          # the file being placed has packs of its own
         self.placed: dict[str, tuple[int, int, int, int]] = {}  # digest -> slot, offset, len, plain
@@ -200,7 +203,7 @@ class _Generation:
         if frame is None:  # a duplicate whose first copy was encoded later in the queue
             frame = hasher.encode(view)
         if self.writer is None:
-            self.writer = PackWriter(self.pack_dir)
+            self.writer = PackWriter(self.pack_dir, self.hashing)
             self.writer_slot = len(self.slots)
             self.slots.append(None)
         if frame == RAW:
@@ -274,17 +277,28 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     known = known or {}
     workers = workers or os.cpu_count() or 1
     hasher = _Hasher(known, level)
-    gen = _Generation(pack_dir, known, sizing, on_pack)
+    ordered = [safe_name(name) for name in sorted(set(names))]
+    big = sum(os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+              for name in ordered) >= THREADED_BYTES
+    # for large files, the packs' and the files' sha256 each on a thread of their own, beside
+    # the cutting and the writes (one in the chunk workers' pool held a worker for a whole file)
+    hashing = ThreadPoolExecutor(1, thread_name_prefix="torpor-pack-hash") if big else None
+    wholes = ThreadPoolExecutor(1, thread_name_prefix="torpor-file-hash") if big else None
+    gen = _Generation(pack_dir, known, sizing, on_pack, hashing)
     files: list[tuple[str, int, str, list[str | int]]] = []
     total = zero = 0
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="torpor-chunks") as pool:
-            for name in sorted(set(names)):
-                safe_name(name)
+        with contextlib.ExitStack() as threads:
+            pool = threads.enter_context(ThreadPoolExecutor(workers,
+                                                            thread_name_prefix="torpor-chunks"))
+            for executor in (hashing, wholes):
+                if executor is not None:
+                    threads.enter_context(executor)
+            for name in ordered:
                 with MappedFile(os.path.join(root, name)) as mapped:
                     gen.begin_file(mapped.size)
                     extents: list[str | int] = []
-                    whole: Future[str] = pool.submit(_whole_digest, mapped.whole())
+                    whole: Future[str] = (wholes or pool).submit(_whole_digest, mapped.whole())
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
                     spans = mapped.spans(params)
                     try:
@@ -304,9 +318,11 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                         spans.close()
                         outstanding: list[Future[Any]] = [whole, *(f for f, _, _ in queue)]
                         wait(outstanding)
+                        if gen.writer is not None:   # its pieces of this file hashed
+                            gen.writer.wait_hashed()
                     files.append((name, mapped.size, whole.result(), extents))
                     total += mapped.size
-        gen.close_pack()
+            gen.close_pack()
     finally:
         if gen.writer is not None:
             gen.writer.abandon()
