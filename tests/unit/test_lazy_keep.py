@@ -16,24 +16,28 @@ import pytest
 from torpor.errors import DigestMismatch, ImageError
 from torpor.formats.chunk_index import ChunkIndex
 from torpor.image.packs import PackSizing, write_generation
+from torpor.lazy import chunks, keep
 from torpor.lazy.chunks import ChunkSource
 from torpor.lazy.keep import PackDownload
 from torpor.registry.arrivals import Arrivals
 from torpor.registry.layout import Layout
 
 MIB = 1 << 20
+Built = tuple[bytes, ChunkIndex, Path]   # a pages file's bytes, its index, its packs
 
 
-def generation(tmp_path: Path, mib: int = 6) -> tuple[bytes, ChunkIndex, Path]:
-    """A pages file of random bytes, cut into a few packs under tmp_path/packs."""
-    data = os.urandom(mib * MIB)
-    (tmp_path / "criu").mkdir()
-    (tmp_path / "criu" / "pages-1.img").write_bytes(data)
-    packs = tmp_path / "packs"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """A pages file of random bytes, cut into packs of at most 4 MiB (read only: shared)."""
+    root = tmp_path_factory.mktemp("generation")
+    data = os.urandom(6 * MIB)
+    (root / "criu").mkdir()
+    (root / "criu" / "pages-1.img").write_bytes(data)
+    packs = root / "packs"
     packs.mkdir()
-    written = write_generation(str(tmp_path), ["criu/pages-1.img"], str(packs),
+    written = write_generation(str(root), ["criu/pages-1.img"], str(packs),
                                sizing=PackSizing(smallest=MIB, largest=MIB, per_file=1))
-    assert len(written.index.packs) >= 2   # at most 4 MiB each
+    assert len(written.index.packs) >= 2
     return data, written.index, packs
 
 
@@ -92,8 +96,8 @@ def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
     return thread
 
 
-def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path) -> None:
-    data, index, packs = generation(tmp_path)
+def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path, built: Built) -> None:
+    data, index, packs = built
     registry = Registry(packs)
     source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
     arrivals = Arrivals()
@@ -120,8 +124,8 @@ def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path
     source.close()
 
 
-def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path) -> None:
-    _, index, packs = generation(tmp_path)
+def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, built: Built) -> None:
+    _, index, packs = built
     source = ChunkSource(index, lambda d, s: None, Registry(packs), lambda: float("inf"))
     arrivals = Arrivals()
     source.follow(arrivals)
@@ -133,13 +137,13 @@ def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path) -
     source.close()
 
 
-def test_a_failed_download_leaves_the_rest_to_range_requests(tmp_path: Path) -> None:
-    data, index, packs = generation(tmp_path)
+def test_a_failed_download_leaves_the_rest_to_range_requests(tmp_path: Path, built: Built) -> None:
+    data, index, packs = built
     registry = Registry(packs)
     source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
     arrivals = Arrivals()
     source.follow(arrivals)
-    threading.Timer(0.2, arrivals.failed, [ImageError("the registry went")]).start()
+    threading.Timer(0.05, arrivals.failed, [ImageError("the registry went")]).start()
     started = time.monotonic()
     got = b"".join(bytes(p) for p in source.read(index.files[0], 0, 1 << 20))
     assert got == data[:1 << 20] and registry.asked
@@ -147,8 +151,8 @@ def test_a_failed_download_leaves_the_rest_to_range_requests(tmp_path: Path) -> 
     source.close()
 
 
-def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Path) -> None:
-    _, index, packs = generation(tmp_path)
+def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Path, built: Built) -> None:
+    _, index, packs = built
     layout = tmp_path / "layout"
     held = index.packs[0]
 
@@ -175,8 +179,8 @@ def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Pa
             pack_file(packs, pack.digest).read_bytes()
 
 
-def test_a_failed_or_cancelled_download_is_said_at_finish(tmp_path: Path) -> None:
-    _, index, _packs = generation(tmp_path)
+def test_a_failed_or_cancelled_download_is_said_at_finish(tmp_path: Path, built: Built) -> None:
+    _, index, _packs = built
 
     def broken(digests: Sequence[str], arrivals: Arrivals) -> int:
         raise ImageError("nothing is listening at the registry")
@@ -198,3 +202,44 @@ def test_a_failed_or_cancelled_download_is_said_at_finish(tmp_path: Path) -> Non
     assert time.monotonic() - started < 2
     with pytest.raises(ImageError, match="stopped"):
         download.finish()
+
+
+def test_a_download_that_stalls_is_passed_by_range_requests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        built: Built) -> None:
+    data, index, packs = built
+    monkeypatch.setattr(chunks, "STALL_S", 0.05)
+    registry = Registry(packs)
+    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
+    arrivals = Arrivals(partial=True)
+    source.follow(arrivals)   # a download that never writes a byte, nor fails
+    started = time.monotonic()
+    got = b"".join(bytes(p) for p in source.read(index.files[0], 0, 1 << 20))
+    assert got == data[:1 << 20] and registry.asked
+    assert 0.04 < time.monotonic() - started < 3
+    source.close()
+
+
+def test_a_stuck_download_is_given_up_at_the_deadline_and_on_cancel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        built: Built) -> None:
+    _, index, _packs = built
+    monkeypatch.setattr(keep, "CANCEL_WAIT_S", 0.05)
+    release = threading.Event()
+
+    def stuck(digests: Sequence[str], arrivals: Arrivals) -> int:
+        arrivals.growing(digests[0], str(tmp_path / "partial"), 4096)
+        release.wait(30)   # a read the network never answers: it sees no stop
+        return 0
+
+    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, stuck)
+    download.start()
+    started = time.monotonic()
+    with pytest.raises(ImageError, match="did not end before the restore's deadline"):
+        download.finish(time.monotonic() + 0.05)
+    assert time.monotonic() - started < 2
+    assert download.bytes_written == 4096
+    started = time.monotonic()
+    download.cancel()   # again, as the restore's clean-up does: it does not hang either
+    assert time.monotonic() - started < 1
+    release.set()

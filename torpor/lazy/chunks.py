@@ -12,9 +12,13 @@ without it. Decoded chunks are kept in a cache of CACHE_BYTES.
 
 Once the packs are downloading whole behind the workload (`follow`, registry/arrivals.py),
 that download is the read-ahead: a chunk is read from its pack's file as soon as the download
-has written it. CRIU's background transfer waits for that; a page fault (a request of less
-than URGENT_BYTES) does not: its chunk comes by a range request at once if the download has
-not brought it yet. Should the download fail, ranges bring the rest, as before.
+has written it. CRIU's background transfer waits for that, in the page server's thread, as
+long as the download moves (a download that writes nothing for a second is passed by a range
+request); a page fault (a request of less than URGENT_BYTES) does not wait for it: its chunk
+comes by a range request at once if the download has not brought it yet. CRIU reads the
+answers in the order it asked, so a fault's answer can still wait behind a background one.
+Once the download has ended (or failed), ranges and the read-ahead bring what is missing, as
+without it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ RUN_BYTES = 8 << 20       # one range request at most
 READ_AHEAD = 64 << 20     # fetched behind each read, of the same file
 FETCHERS = 6
 WAIT_S = 600.0            # the most a request waits for the download before asking by range
+STALL_S = 1.0             # ... or once the download has written nothing for this long
 URGENT_BYTES = 64 << 10   # less is a page fault (CRIU asks for one page); more, its background
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -139,19 +144,29 @@ class ChunkSource:
         return found
 
     def _start(self, numbers: list[int], urgent: bool = True) -> list[Future[None]]:
-        """Fetch `numbers` (none cached or pending) in runs on the fetchers."""
+        """Fetch `numbers` (none cached or pending) in runs on the fetchers; runs that wait for
+        the packs' download are read here instead, so that they never hold a fetcher a page
+        fault needs."""
         futures = []
+        inline = not urgent and self._arrivals is not None
         for run in self._runs(numbers):
-            future: Future[None] = self._pool.submit(self._fetch_into_cache, run, urgent)
+            future: Future[None] = Future() if inline else \
+                self._pool.submit(self._fetch_into_cache, run, urgent)
             with self._lock:
                 for n in run:
                     self._pending[n] = future
+            if inline:
+                try:
+                    self._fetch_into_cache(run, urgent)
+                    future.set_result(None)
+                except BaseException as e:
+                    future.set_exception(e)
             futures.append(future)
         return futures
 
     def _read_ahead(self, record: FileRecord, starts: list[int], after: int) -> None:
-        if self._remote is None or self._arrivals is not None:   # the download reads ahead
-            return
+        if self._remote is None or (self._arrivals is not None and not self._arrivals.ended):
+            return   # the download is the read-ahead while it runs
         wanted, at = [], after
         limit = (starts[after] if after < len(starts) else 0) + READ_AHEAD
         with self._lock:
@@ -233,7 +248,7 @@ class ChunkSource:
             return None
         wait_s = 0.0 if urgent else min(WAIT_S, self._give_up_at() - time.monotonic())
         for _ in range(3):   # a file renamed into place (or dropped) while it was looked up
-            path = self._arrivals.readable(digest, start + length, wait_s)
+            path = self._arrivals.readable(digest, start + length, wait_s, STALL_S)
             if path is None:
                 return None
             try:

@@ -2,15 +2,16 @@
 node's image store, so that the next restore of the image (or of its next generation) reads
 them here instead of from the registry.
 
-CRIU's background transfer asks for the pages in address order, which is the packs' order; so
-once the workload runs, the packs this node lacks are downloaded one after the other into the
-restore's layout, as a pull downloads them (each checked against its digest once whole, none
-left half-written), and the page source reads each chunk from its pack's file as soon as the
-download has written it (chunks.py, registry/arrivals.py). That one stream is the read-ahead:
-only page faults that come before it go to the registry by range request. `finish` waits for
-the download and links the packs this node held already into the layout. A failure here costs
-the restore nothing: the page source then fetches by range what is still missing, and the
-image is not stored.
+As the page source starts (before CRIU restores the task), the packs this node lacks are
+downloaded in the chunk index's order (the order the generation's files first use them: a
+generation's own packs in address order), a few at once as a pull downloads them, into the
+restore's layout, each checked against its digest once whole and none left half-written; the
+page source reads each chunk from its pack's file as soon as the download has written it
+(chunks.py, registry/arrivals.py). That download is the read-ahead: a page fault it has not
+brought yet goes to the registry by range request. `finish` waits for the download (until the
+restore's deadline) and links the packs this node held already into the layout. A failure here
+costs the restore nothing: the page source then fetches by range what is still missing, and
+the image is not stored.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from torpor.registry.arrivals import Arrivals
 from torpor.registry.layout import Layout
 
 Fetch = Callable[[Sequence[str], Arrivals], int]   # packs' digests, in order -> bytes downloaded
+CANCEL_WAIT_S = 5.0   # a download told to stop, waited for before the restore cleans up
 
 
 class PackDownload:
@@ -36,7 +39,7 @@ class PackDownload:
         """`fetch(digests, arrivals)` downloads the packs `digests` into `layout`, in that
         order, telling `arrivals` (registry/pull.py PullPlan.download)."""
         self.layout, self.packs, self._local, self._fetch = layout, packs, local, fetch
-        self.arrivals = Arrivals()
+        self.arrivals = Arrivals(partial=True)
         self._thread: threading.Thread | None = None
         self._outcome: list[int | BaseException] = []
 
@@ -56,17 +59,29 @@ class PackDownload:
         self._thread.start()
         return self.arrivals
 
-    def cancel(self) -> None:
-        """The restore gave up: the download starts no pack and ends the ones under way."""
-        self.arrivals.cancel(ImageError("the lazy restore ended"))
-        if self._thread is not None:
-            self._thread.join()
+    @property
+    def bytes_written(self) -> int:
+        """What the download has brought so far, whatever became of it."""
+        return self.arrivals.bytes_written
 
-    def finish(self) -> int:
-        """Every pack in the layout, whole and checked; the bytes downloaded."""
+    def cancel(self) -> None:
+        """The restore gave up: the download starts no pack and ends the ones under way. Waits
+        a few seconds for it (a read blocked on the network ends when it returns; the thread
+        then writes nothing more)."""
+        if self._thread is not None and self._thread.is_alive():
+            self.arrivals.cancel(ImageError("the lazy restore ended"))
+            self._thread.join(CANCEL_WAIT_S)
+
+    def finish(self, give_up_at: float = float("inf")) -> int:
+        """Every pack in the layout, whole and checked; the bytes downloaded. Past
+        `give_up_at` (monotonic) the download is stopped and that is an error."""
         if self._thread is None:
             raise ImageError("the packs' download was not started")
-        self._thread.join()
+        self._thread.join(None if give_up_at == float("inf") else
+                          max(0.0, give_up_at - time.monotonic()))
+        if self._thread.is_alive():
+            self.cancel()
+            raise ImageError("the packs' download did not end before the restore's deadline")
         [outcome] = self._outcome
         if isinstance(outcome, BaseException):
             raise outcome

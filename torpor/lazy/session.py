@@ -104,9 +104,15 @@ class LazyMemory:
                            chunks=source.chunk_of, ranges=ranges)
 
     def keep(self) -> int:
-        """Every pack, whole and checked, in the download's layout; the bytes downloaded."""
+        """Every pack, whole and checked, in the download's layout (by the deadline); the
+        bytes downloaded."""
         assert self.download is not None
-        return self.download.finish()
+        return self.download.finish(self.give_up_at)
+
+    @property
+    def downloaded_bytes(self) -> int:
+        """What the packs' download brought, whatever became of it."""
+        return self.download.bytes_written if self.download is not None else 0
 
     def stop(self) -> None:
         """The packs' download ended, if there is one (the restore failed)."""

@@ -247,7 +247,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                       progress, started, source, timings, moved)
 
     ref: str | None = None
-    with store.scratch() as scratch:
+    with store.scratch() as scratch, contextlib.ExitStack() as downloading:
         if kind is SourceKind.REGISTRY:
             ref = source
             # 1. the image's metadata, 2. this node and the keys, 3. the policy, 4. the layers
@@ -276,6 +276,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 lazy = lazy_memory(source, image, options, cfg, store, plan.read_range,
                                    (layout, packs_into(plan, layout)))
                 if lazy is not None:   # all but the packs: they come behind the workload
+                    downloading.callback(lazy.stop)   # ended before the scratch is removed
                     layers = [la for la in plan.layers if not unpack.is_pack(la.descriptor)]
                     progress.step(f"downloading {len(layers)} layers; the memory comes lazily")
                     moved.downloaded += plan.download(
@@ -348,8 +349,8 @@ def packs_into(plan: PullPlan, layout: str) -> Fetch:
     """How a lazy restore downloads its packs into `layout`, behind the workload."""
     def fetch(digests: Sequence[str], arrivals: Arrivals) -> int:
         layers = {la.descriptor.digest: la for la in plan.layers}
-        return plan.download(layout, [layers[d] for d in digests],
-                             arrivals=arrivals).bytes_downloaded
+        plan.download(layout, [layers[d] for d in digests], arrivals=arrivals)
+        return arrivals.bytes_written   # the packs alone (the manifests came before)
     return fetch
 
 
@@ -361,7 +362,7 @@ def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.
     an interrupt, an image missing a blob or a newer copy of `ref` already stored is said,
     and the image is not stored. The bytes its packs' download brought."""
     progress.step(f"storing {ref} on this node for the next restore")
-    t, extra = time.monotonic(), 0
+    t = time.monotonic()
     try:
         extra = lazy.keep()
         timings["packs_downloaded_bytes"] = extra
@@ -375,9 +376,10 @@ def keep_lazily_fetched(lazy: LazyMemory, store: Store, ref: str, image: unpack.
             raise ImageError(f"this node's store already holds another {ref} ({stored})")
         store.install(ref, Path(layout))
     except BaseException as e:   # the restore is done: even an interrupt only skips this
+        lazy.stop()
         progress.step(f"{ref} was restored but not stored on this node: "
                       f"{e or type(e).__name__}")
-        return extra
+        return lazy.downloaded_bytes
     timings["keep_s"] = time.monotonic() - t
     return extra
 

@@ -4,11 +4,11 @@ place, its digest checked (PullPlan.download), and when it is done. A download t
 every waiter with its error; a rebuild that fails (or is interrupted) cancels: its waiters
 wake, and the download starts no blob and ends the ones under way (`stopped`).
 
-A lazy restore's page source reads a pack while it is still coming: the download tells how
-many bytes of each blob are in its file so far (`growing`), and `readable` says which file
-holds a blob's first bytes, the finished blob or the one still being written. Those bytes are
-not checked yet (the blob's digest is, once whole); the reader checks what it reads (each
-chunk's sha256)."""
+A lazy restore's page source reads a pack while it is still coming (`Arrivals(partial=True)`):
+the download tells how many bytes of each blob are in its file so far (`growing`), and
+`readable` says which file holds a blob's first bytes, the finished blob or the one still
+being written. Those bytes are not checked yet (the blob's digest is, once whole); the reader
+checks what it reads (each chunk's sha256)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,15 @@ from torpor.errors import ImageError
 
 
 class Arrivals:
-    def __init__(self, here: Iterable[str] = ()) -> None:
+    def __init__(self, here: Iterable[str] = (), partial: bool = False) -> None:
+        """`partial`: the download tells each blob's bytes as they are written (`growing`)."""
+        self.partial = partial
         self._changed = threading.Condition()
         self._here: set[str] = set(here)
         self._paths: dict[str, str] = {}                 # arrived: where it is
         self._growing: dict[str, tuple[str, int]] = {}   # coming: its file, bytes written
+        self._written: dict[str, int] = {}               # bytes the download wrote, by blob
+        self._moves = 0                                  # grows with every write told
         self._error: BaseException | None = None
         self._finished = False
         self.stopped = threading.Event()   # the rebuild gave up: fetch nothing more
@@ -33,6 +37,7 @@ class Arrivals:
         with self._changed:
             self._here.add(digest)
             self._growing.pop(digest, None)
+            self._moves += 1
             if path is not None:
                 self._paths[digest] = path
             self._changed.notify_all()
@@ -42,22 +47,43 @@ class Arrivals:
         with self._changed:
             if digest not in self._here:
                 self._growing[digest] = (path, size)
+                self._written[digest] = size
+                self._moves += 1
                 self._changed.notify_all()
 
-    def readable(self, digest: str, end: int, wait_s: float = 0.0) -> str | None:
-        """A file holding the first `end` bytes of blob `digest`: the blob in place, or its
-        download's file so far (unchecked), waiting up to `wait_s` for it. None when there is
-        none by then, or once no download will bring it (failed, finished, stopped): read it
-        elsewhere."""
-        give_up = time.monotonic() + wait_s
+    @property
+    def bytes_written(self) -> int:
+        """What the download has written so far (of blobs told with `growing`)."""
         with self._changed:
+            return sum(self._written.values())
+
+    @property
+    def ended(self) -> bool:
+        """The download failed, was stopped, or is done: it brings nothing more."""
+        with self._changed:
+            return self._error is not None or self._finished
+
+    def readable(self, digest: str, end: int, wait_s: float = 0.0,
+                 stall_s: float = 1.0) -> str | None:
+        """A file holding the first `end` bytes of blob `digest`: the blob in place, or its
+        download's file so far (unchecked), waiting up to `wait_s` for it while the download
+        moves (it gives up once nothing was written for `stall_s`). None when there is none by
+        then, or once no download will bring it (failed, finished, stopped): read it
+        elsewhere."""
+        now = time.monotonic()
+        give_up, stall = now + wait_s, now + stall_s
+        with self._changed:
+            moves = self._moves
             while True:
                 if digest in self._here:
                     return self._paths.get(digest)
                 path, size = self._growing.get(digest, ("", 0))
                 if size >= end:
                     return path
-                left = give_up - time.monotonic()
+                now = time.monotonic()
+                if self._moves != moves:
+                    moves, stall = self._moves, now + stall_s
+                left = min(give_up, stall) - now
                 if left <= 0 or self._error is not None or self._finished:
                     return None
                 self._changed.wait(left)

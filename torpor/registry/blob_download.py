@@ -89,6 +89,7 @@ def _fetch_into(repo: RepositoryClient, blob: Descriptor, out: BinaryIO,
             delay = next(delays, None)
             if delay is None:
                 raise
+            report(written)   # a download told to stop (registry/arrivals.py) stops here
             sleep(delay)
     if written != blob.size:
         raise ImageError(f"{what} is truncated: the registry sent {written} of {blob.size} bytes",

@@ -192,7 +192,7 @@ class PullPlan:
                     if arrivals.stopped.is_set():
                         raise ImageError("the download was stopped: the rebuild beside it ended")
                     told(offset)
-            growing = None if arrivals is None else \
+            growing = None if arrivals is None or not arrivals.partial else \
                 lambda path, size: arrivals.growing(blob.digest, path, size)
             path = download_blob(self._repo, blob, layout, report, durable, growing)
             if arrivals is not None:
