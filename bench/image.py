@@ -64,9 +64,11 @@ def main() -> int:
                                  "--work-path", str(w.base / f"work-{i}"), "r")
                 # restore: torpor pulls the image it no longer has; runc reads its directory
                 t = time.perf_counter()
-                subprocess.run([str(w.bin / "torpor"), "restore", ref, "--name", f"t-{i}",
-                                "--volume", "/gap"], env=node.env, capture_output=True, check=True)
+                back = subprocess.run([str(w.bin / "torpor"), "restore", ref, "--name", f"t-{i}",
+                                       "--volume", "/gap", "--json"], env=node.env,
+                                      capture_output=True, text=True, check=True)
                 pulled = time.perf_counter() - t
+                steps = json.loads(back.stdout).get("timings", {})
                 node.ctr("tasks", "delete", "--force", f"t-{i}")
                 node.ctr("containers", "rm", f"t-{i}")
                 subprocess.run([str(w.bin / "torpor"), "rm", ref], env=node.env,
@@ -90,7 +92,9 @@ def main() -> int:
                           f"{result['timings']['build_s']:.2f}s, manifests "
                           f"{result['timings']['push_s']:.2f}s), runc checkpoint "
                           f"{elapsed_r:.2f}s; pull and restore {pulled:.2f}s, runc restore "
-                          f"{restored:.2f}s", flush=True)
+                          f"{restored:.2f}s (torpor: pull {steps.get('pull_s', 0):.2f}s, unpack "
+                          f"{steps.get('unpack_s', 0):.2f}s, restore {steps.get('restore_s', 0):.2f}s)",
+                          flush=True)
                 shutil.rmtree(ck, ignore_errors=True)
         finally:
             registry.stop()

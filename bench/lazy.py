@@ -122,6 +122,9 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
                 timings = json.loads(report.read_text()).get("timings", {})
                 for step in STEPS[who]:
                     out.setdefault(f"{who}_{step}", []).append(float(timings.get(step, 0.0)))
+                if who == "lazy":   # where the pages came from: ranges, the packs' download
+                    for key in ("lazy_remote_bytes", "lazy_streamed_bytes"):
+                        out.setdefault(key, []).append(float(timings.get(key, 0)) / (1 << 20))
                 b.ctr("tasks", "delete", "--force", name)
                 b.ctr("containers", "rm", name)
                 subprocess.run([str(w.bin / "torpor"), "rm", ref], env=b.env,
@@ -162,6 +165,8 @@ def main() -> int:
                 for who, steps in STEPS.items():
                     print(f"          {who}: " + ", ".join(
                         f"{step[:-2]} {r[f'{who}_{step}']:.2f} s" for step in steps), flush=True)
+                print(f"          lazy pages: {r['lazy_remote_bytes']:.0f} MiB by range, "
+                      f"{r['lazy_streamed_bytes']:.0f} MiB from the packs' download", flush=True)
         finally:
             registry.stop()
     return 0
