@@ -30,14 +30,14 @@ CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py \
 test: deps
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2 --runc 1.3 $(CORE_TESTS)
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2.4 --runc 1.3 $(CORE_TESTS)
 
 # The fast tests: every pure piece, nothing started, under 10 s.
 unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 
 lint: venv
 	$(PY) -m ruff check torpor tests bench
