@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from torpor.formats.metadata import RuntimeInfo
@@ -97,9 +98,12 @@ def tools(address: str, runtime: RuntimeInfo) -> RuntimeTools:
     env["PATH"] = path
     env.pop("TORPOR_RUNC_LOWLEVEL", None)
     binary = runtime_binary(runtime, path)
-    runc_version = facts.version_str(facts.runc_version(binary, env=env)) if binary else "unknown"
     criu = shutil.which("criu", path=path) or ""
-    criu_version = facts.version_str(facts.criu_version(criu)) if criu else "unknown"
+    with ThreadPoolExecutor(2, thread_name_prefix="torpor-versions") as both:  # one wait
+        runc_asked = both.submit(facts.runc_version, binary, env) if binary else None
+        criu_asked = both.submit(facts.criu_version, criu) if criu else None
+        runc_version = facts.version_str(runc_asked.result()) if runc_asked else "unknown"
+        criu_version = facts.version_str(criu_asked.result()) if criu_asked else "unknown"
     return RuntimeTools(binary, runc_version, criu, criu_version, path, from_containerd)
 
 
