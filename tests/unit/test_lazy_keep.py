@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from torpor.errors import DigestMismatch, ImageError
-from torpor.formats.chunk_index import ChunkIndex
+from torpor.formats.chunk_index import ChunkIndex, FileRecord
 from torpor.image.packs import PackSizing, write_generation
 from torpor.lazy import chunks, keep
 from torpor.lazy.chunks import ChunkSource
@@ -96,39 +96,51 @@ def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
     return thread
 
 
+def nowhere(digest: str, size: int) -> str | None:
+    """No pack is on this node."""
+    return None
+
+
+def following(index: ChunkIndex, registry: Registry, arrivals: Arrivals) -> ChunkSource:
+    """A page source with no pack on this node, reading the packs' download of `arrivals`,
+    else `registry` by range, without a deadline."""
+    source = ChunkSource(index, nowhere, registry, lambda: float("inf"))
+    source.follow(arrivals)
+    return source
+
+
+def read(source: ChunkSource, record: FileRecord, offset: int, length: int) -> bytes:
+    return b"".join(bytes(piece) for piece in source.read(record, offset, length))
+
+
 def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path, built: Built) -> None:
     data, index, packs = built
-    registry = Registry(packs)
-    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
-    arrivals = Arrivals()
-    source.follow(arrivals)
+    registry, arrivals = Registry(packs), Arrivals()
+    source = following(index, registry, arrivals)
     into = tmp_path / "download"
     into.mkdir()
     gate = threading.Event()
     thread = downloading(index, packs, into, arrivals, gate)
     record = index.files[0]
     try:
-        got = b"".join(bytes(p) for p in source.read(record, 0, 64 << 10))   # CRIU's background
-        assert got == data[:64 << 10]
+        assert read(source, record, 0, 64 << 10) == data[:64 << 10]   # CRIU's background
         assert registry.asked == []   # read from the half-written first pack, not by range
         assert not (into / index.packs[0].digest.split(":")[1]).exists()
         fault_at = len(data) - 4096    # a page fault in the last pack, not downloaded yet
-        assert b"".join(bytes(p) for p in source.read(record, fault_at, 4096)) == data[fault_at:]
+        assert read(source, record, fault_at, 4096) == data[fault_at:]
         assert [a[0] for a in registry.asked] == [index.packs[-1].digest]
     finally:
         gate.set()
         thread.join()
-    whole = b"".join(bytes(p) for p in source.read(record, 0, len(data)))
-    assert whole == data
+    assert read(source, record, 0, len(data)) == data
     assert source.counts.streamed_bytes > 0
     source.close()
 
 
 def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, built: Built) -> None:
     _, index, packs = built
-    source = ChunkSource(index, lambda d, s: None, Registry(packs), lambda: float("inf"))
     arrivals = Arrivals()
-    source.follow(arrivals)
+    source = following(index, Registry(packs), arrivals)
     into = tmp_path / "download"
     into.mkdir()
     downloading(index, packs, into, arrivals, tamper=True).join()
@@ -139,14 +151,11 @@ def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, b
 
 def test_a_failed_download_leaves_the_rest_to_range_requests(tmp_path: Path, built: Built) -> None:
     data, index, packs = built
-    registry = Registry(packs)
-    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
-    arrivals = Arrivals()
-    source.follow(arrivals)
+    registry, arrivals = Registry(packs), Arrivals()
+    source = following(index, registry, arrivals)
     threading.Timer(0.05, arrivals.failed, [ImageError("the registry went")]).start()
     started = time.monotonic()
-    got = b"".join(bytes(p) for p in source.read(index.files[0], 0, 1 << 20))
-    assert got == data[:1 << 20] and registry.asked
+    assert read(source, index.files[0], 0, 1 << 20) == data[:1 << 20] and registry.asked
     assert time.monotonic() - started < 5
     source.close()
 
@@ -161,14 +170,15 @@ def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Pa
 
     fetched: list[Sequence[str]] = []
 
-    def fetch(digests: Sequence[str], arrivals: Arrivals) -> int:
+    def fetch(digests: Sequence[str], arrivals: Arrivals) -> None:
         fetched.append(digests)
         blobs = Layout(layout)
         for digest in digests:
             blobs.blob_dir(digest)
-            blobs.blob_path(digest).write_bytes(pack_file(packs, digest).read_bytes())
+            data = pack_file(packs, digest).read_bytes()
+            blobs.blob_path(digest).write_bytes(data)
+            arrivals.growing(digest, str(blobs.blob_path(digest)), len(data))
             arrivals.arrived(digest, str(blobs.blob_path(digest)))
-        return sum(p.size for p in index.packs if p.digest in digests)
 
     download = PackDownload(str(layout), index.packs, local, fetch)
     download.start()
@@ -182,20 +192,20 @@ def test_the_download_keeps_every_pack_and_links_those_already_here(tmp_path: Pa
 def test_a_failed_or_cancelled_download_is_said_at_finish(tmp_path: Path, built: Built) -> None:
     _, index, _packs = built
 
-    def broken(digests: Sequence[str], arrivals: Arrivals) -> int:
+    def broken(digests: Sequence[str], arrivals: Arrivals) -> None:
         raise ImageError("nothing is listening at the registry")
 
-    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, broken)
+    download = PackDownload(str(tmp_path / "layout"), index.packs, nowhere, broken)
     download.start()
     with pytest.raises(ImageError, match="nothing is listening"):
         download.finish()
 
-    def slow(digests: Sequence[str], arrivals: Arrivals) -> int:
+    def slow(digests: Sequence[str], arrivals: Arrivals) -> None:
         while not arrivals.stopped.is_set():
             time.sleep(0.01)
         raise ImageError("the download was stopped")
 
-    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, slow)
+    download = PackDownload(str(tmp_path / "layout"), index.packs, nowhere, slow)
     download.start()
     started = time.monotonic()
     download.cancel()
@@ -210,12 +220,10 @@ def test_a_download_that_stalls_is_passed_by_range_requests(
     data, index, packs = built
     monkeypatch.setattr(chunks, "STALL_S", 0.05)
     registry = Registry(packs)
-    source = ChunkSource(index, lambda d, s: None, registry, lambda: float("inf"))
-    arrivals = Arrivals(partial=True)
-    source.follow(arrivals)   # a download that never writes a byte, nor fails
+    # a download that never writes a byte, nor fails
+    source = following(index, registry, Arrivals(partial=True))
     started = time.monotonic()
-    got = b"".join(bytes(p) for p in source.read(index.files[0], 0, 1 << 20))
-    assert got == data[:1 << 20] and registry.asked
+    assert read(source, index.files[0], 0, 1 << 20) == data[:1 << 20] and registry.asked
     assert 0.04 < time.monotonic() - started < 3
     source.close()
 
@@ -227,12 +235,11 @@ def test_a_stuck_download_is_given_up_at_the_deadline_and_on_cancel(
     monkeypatch.setattr(keep, "CANCEL_WAIT_S", 0.05)
     release = threading.Event()
 
-    def stuck(digests: Sequence[str], arrivals: Arrivals) -> int:
+    def stuck(digests: Sequence[str], arrivals: Arrivals) -> None:
         arrivals.growing(digests[0], str(tmp_path / "partial"), 4096)
         release.wait(30)   # a read the network never answers: it sees no stop
-        return 0
 
-    download = PackDownload(str(tmp_path / "layout"), index.packs, lambda d, s: None, stuck)
+    download = PackDownload(str(tmp_path / "layout"), index.packs, nowhere, stuck)
     download.start()
     started = time.monotonic()
     with pytest.raises(ImageError, match="did not end before the restore's deadline"):

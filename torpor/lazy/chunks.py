@@ -61,12 +61,9 @@ class Counts:
 
 class ChunkSource:
     def __init__(self, index: ChunkIndex, local: LocalPack, remote: RemoteRange | None,
-                 give_up_at: Callable[[], float],
-                 keep: Callable[[int, int, bytes | bytearray], None] | None = None) -> None:
-        """`give_up_at()`: the monotonic time after which a failing registry is an error;
-        `keep(pack, offset, bytes)` is given every range fetched from the registry."""
+                 give_up_at: Callable[[], float]) -> None:
+        """`give_up_at()`: the monotonic time after which a failing registry is an error."""
         self.index, self._local, self._remote, self._give_up_at = index, local, remote, give_up_at
-        self._keep = keep
         self.counts = Counts()
         self._fds: dict[int, int] = {}
         self._cache: OrderedDict[int, bytes] = OrderedDict()
@@ -233,8 +230,6 @@ class ChunkSource:
                 self.counts.streamed_bytes += len(span)
         else:
             span = self._remote_span(pack.digest, start, length, records[0])
-            if self._keep is not None:
-                self._keep(records[0].pack, start, span)
         view = memoryview(span)
         return {n: decode_chunk(bytes(view[r.offset - start:r.offset - start + r.length]), r,
                                 pack.digest, self._decoder())

@@ -29,7 +29,7 @@ from torpor.lazy.chunks import LocalPack
 from torpor.registry.arrivals import Arrivals
 from torpor.registry.layout import Layout
 
-Fetch = Callable[[Sequence[str], Arrivals], int]   # packs' digests, in order -> bytes downloaded
+Fetch = Callable[[Sequence[str], Arrivals], None]   # the packs' digests, in order
 CANCEL_WAIT_S = 5.0   # a download told to stop, waited for before the restore cleans up
 
 
@@ -41,7 +41,7 @@ class PackDownload:
         self.layout, self.packs, self._local, self._fetch = layout, packs, local, fetch
         self.arrivals = Arrivals(partial=True)
         self._thread: threading.Thread | None = None
-        self._outcome: list[int | BaseException] = []
+        self._outcome: list[BaseException | None] = []
 
     def start(self) -> Arrivals:
         """The download of the packs not on this node, on a thread of its own."""
@@ -49,7 +49,8 @@ class PackDownload:
 
         def run() -> None:
             try:
-                self._outcome.append(self._fetch(list(dict.fromkeys(wanted)), self.arrivals))
+                self._fetch(list(dict.fromkeys(wanted)), self.arrivals)
+                self._outcome.append(None)
                 self.arrivals.finished()
             except BaseException as e:   # the page source goes on by range requests
                 self._outcome.append(e)
@@ -82,9 +83,9 @@ class PackDownload:
         if self._thread.is_alive():
             self.cancel()
             raise ImageError("the packs' download did not end before the restore's deadline")
-        [outcome] = self._outcome
-        if isinstance(outcome, BaseException):
-            raise outcome
+        [failure] = self._outcome
+        if failure is not None:
+            raise failure
         blobs = Layout(Path(self.layout))
         for pack in self.packs:
             target = blobs.blob_path(pack.digest)   # the digest validated before it names a file
@@ -95,7 +96,7 @@ class PackDownload:
                 raise ImageError(f"pack {pack.digest} is neither downloaded nor on this node")
             target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             _link(Path(here), target)
-        return outcome
+        return self.bytes_written
 
 
 def _link(source: Path, target: Path) -> None:

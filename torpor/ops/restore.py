@@ -347,10 +347,9 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
 
 def packs_into(plan: PullPlan, layout: str) -> Fetch:
     """How a lazy restore downloads its packs into `layout`, behind the workload."""
-    def fetch(digests: Sequence[str], arrivals: Arrivals) -> int:
+    def fetch(digests: Sequence[str], arrivals: Arrivals) -> None:
         layers = {la.descriptor.digest: la for la in plan.layers}
         plan.download(layout, [layers[d] for d in digests], arrivals=arrivals)
-        return arrivals.bytes_written   # the packs alone (the manifests came before)
     return fetch
 
 
