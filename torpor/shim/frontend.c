@@ -13,17 +13,31 @@
  * here) goes to the Python program, which decides the same way and reports errors in runc's log
  * format. torpor.runtime_config.launchers compiles this file with the paths defined.
  *
+ * `checkpoint` goes to torpord first, where `[service] socket` answers (torpord's wire,
+ * torpor/handoff.py, spoken here): torpord's child runs torpor-runc's Python program with this
+ * process's argv, environment, directory and fds 0-2, and its exit status becomes this one's. No
+ * socket, a refusal, TORPOR_NO_SERVICE=1 or anything this file cannot say plainly (a config
+ * beyond its reading, bytes that are not UTF-8) and the Python program runs here, as before.
+ *
+ * Called as `torpor` (the same binary under that name, TORPOR_CLI naming the CLI's Python
+ * launcher), it is the CLI's entry: every command goes to torpord the same way (program
+ * "torpor"), else to the Python CLI, which runs it in its own process.
+ *
  * Called as containerd-shim-torpor-v2 (the same binary under that name), it is the shim
  * launcher instead: containerd runs it for the runtime io.containerd.torpor.v2, and it runs
  * containerd's runc v2 shim (the one on containerd's PATH, else TORPOR_SHIM) with TORPOR_RUNC_DIR,
  * whose `runc` is torpor-runc, first on PATH.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #ifndef TORPOR_PYTHON
@@ -38,13 +52,20 @@
 #ifndef TORPOR_SHIM
 #define TORPOR_SHIM ""
 #endif
+#ifndef TORPOR_CLI
+#define TORPOR_CLI ""  /* the CLI's Python launcher; "" where this binary is not installed as it */
+#endif
 #define SHIM_NAME "containerd-shim-torpor-v2"
+#define CLI_NAME "torpor"
+#define DEFAULT_SOCKET "/run/torpor/torpord.sock"  /* = torpor/config.py's [service] socket */
 #define RUNC_SHIM "containerd-shim-runc-v2"
 
 #define MARKER "TORPOR_RUNC_LOWLEVEL"  /* set for runc: seeing it means runc led back here */
 #define SELF_ENV "TORPOR_RUNC_PATH"    /* tells the Python program where torpor-runc is */
 #ifndef DEFAULT_CONFIG  /* a prefix install's own (packaging/install.sh) */
 #define DEFAULT_CONFIG "/etc/torpor/config.toml"
+#else
+#define OWN_CONFIG 1  /* the Python launchers set TORPOR_CONFIG to it: so does the hand-off */
 #endif
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -90,20 +111,25 @@ static int asks_for_help(int argc, char **argv, int command) {
     return 0;
 }
 
-static void to_python(int argc, char **argv) {
+/* Run `script` (a Python launcher) with this process's arguments. */
+static void run_python(const char *script, const char *program, int argc, char **argv) {
     char **args = calloc((size_t)argc + 3, sizeof *args);
     if (!args)
         _exit(127);
     args[0] = TORPOR_PYTHON;
     args[1] = "-S";
-    args[2] = TORPOR_SCRIPT;
+    args[2] = (char *)script;
     for (int i = 1; i < argc; i++)
         args[i + 2] = argv[i];
-    setenv(SELF_ENV, self, 1);
     execv(TORPOR_PYTHON, args);
-    fprintf(stderr, "torpor-runc: cannot run %s: ", TORPOR_PYTHON);
+    fprintf(stderr, "%s: cannot run %s: ", program, TORPOR_PYTHON);
     perror(NULL);
     _exit(127);
+}
+
+static void to_python(int argc, char **argv) {
+    setenv(SELF_ENV, self, 1);
+    run_python(TORPOR_SCRIPT, "torpor-runc", argc, argv);
 }
 
 /*
@@ -238,14 +264,29 @@ static int define(struct names *seen, const char *name, int is_table) {
     return 1;
 }
 
-/* `[runtime] path` of a plain config (text) into out, and whether `[restore] on_create` is
- * other than "off"; 0 when the file needs the real parser. */
-static int config_runtime(char *text, char *out, size_t size, int *on_create) {
+/* What this file reads of the config: `[runtime] path`, whether `[restore] on_create` is other
+ * than "off", and `[service] socket` ("" for none; not `plain` where it is not an absolute path
+ * or "": the Python program says what is wrong). */
+struct frontend_config {
+    char runtime[PATH_MAX];
+    int on_create;
+    char socket[sizeof ((struct sockaddr_un *)0)->sun_path];
+    int socket_plain;
+};
+
+static void config_defaults(struct frontend_config *cfg) {
+    snprintf(cfg->runtime, sizeof cfg->runtime, "runc");
+    cfg->on_create = 0;
+    snprintf(cfg->socket, sizeof cfg->socket, "%s", DEFAULT_SOCKET);
+    cfg->socket_plain = 1;
+}
+
+/* A plain config (text) into cfg; 0 when the file needs the real parser. */
+static int config_runtime(char *text, struct frontend_config *cfg) {
     static struct names seen;
     char table[NAME_LEN] = "";
     seen.count = 0;
-    *on_create = 0;
-    snprintf(out, size, "runc");
+    config_defaults(cfg);
     for (char *line = text, *next; line; line = next) {
         next = strchr(line, '\n');
         if (next)
@@ -284,14 +325,19 @@ static int config_runtime(char *text, char *out, size_t size, int *on_create) {
         if (!define(&seen, full, 0) || strcmp(full, "runtime") == 0)
             return 0;  /* (`runtime` not a table: the Python program says so) */
         if (strcmp(full, "runtime.path") == 0) {
-            if (!is_string || strlen(value) >= size)
+            if (!is_string || strlen(value) >= sizeof cfg->runtime)
                 return 0;  /* not a string: the Python program says so */
-            snprintf(out, size, "%s", value);
+            snprintf(cfg->runtime, sizeof cfg->runtime, "%s", value);
         }
         if (strcmp(full, "restore.on_create") == 0) {
             if (!is_string)
                 return 0;  /* the Python program says what is wrong */
-            *on_create = strcmp(value, "off") != 0;
+            cfg->on_create = strcmp(value, "off") != 0;
+        }
+        if (strcmp(full, "service.socket") == 0) {
+            cfg->socket_plain = is_string && (value[0] == '/' || value[0] == '\0') &&
+                                strlen(value) < sizeof cfg->socket;
+            snprintf(cfg->socket, sizeof cfg->socket, "%s", cfg->socket_plain ? value : "");
         }
     }
     return 1;
@@ -411,6 +457,282 @@ static void exec_runtime(const char *runtime, int argc, char **argv) {
     (void)argc;
 }
 
+/*
+ * torpord's wire (torpor/handoff.py, docs/service.md): the request, one line of JSON
+ * {"program", "argv", "env", "cwd", "umask"}, with fds 0, 1 and 2 attached (SCM_RIGHTS); then
+ * lines back: {"accepted":true} or {"refused":...}, {"pid":N}, {"exit":N}. Nothing has run
+ * before "accepted": until then, any failure means the command runs here.
+ */
+struct buf {
+    char *data;
+    size_t len, cap;
+    int bad;  /* out of memory, or text that JSON cannot carry as it is (not UTF-8) */
+};
+
+static void put(struct buf *b, const char *text, size_t n) {
+    if (b->bad)
+        return;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 16384;
+        while (b->len + n > cap)
+            cap *= 2;
+        char *bigger = realloc(b->data, cap);
+        if (!bigger) {
+            b->bad = 1;
+            return;
+        }
+        b->data = bigger;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, text, n);
+    b->len += n;
+}
+
+static void put_text(struct buf *b, const char *text) {
+    put(b, text, strlen(text));
+}
+
+/* The length of the UTF-8 sequence at p; 0 where there is none (a stray or truncated byte, an
+ * overlong form, a surrogate, past U+10FFFF): Python reads the request strictly. */
+static size_t utf8_length(const unsigned char *p) {
+    unsigned int cp, min;
+    size_t n;
+    if (p[0] < 0x80)
+        return 1;
+    if ((p[0] & 0xE0) == 0xC0)
+        n = 2, cp = p[0] & 0x1Fu, min = 0x80;
+    else if ((p[0] & 0xF0) == 0xE0)
+        n = 3, cp = p[0] & 0x0Fu, min = 0x800;
+    else if ((p[0] & 0xF8) == 0xF0)
+        n = 4, cp = p[0] & 0x07u, min = 0x10000;
+    else
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;  /* the string's end (NUL) included */
+        cp = (cp << 6) | (p[i] & 0x3Fu);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+/* text as a JSON string, `len` bytes of it (or up to its NUL where len is (size_t)-1) */
+static void put_string(struct buf *b, const char *text, size_t len) {
+    const unsigned char *p = (const unsigned char *)text;
+    const unsigned char *end = len == (size_t)-1 ? p + strlen(text) : p + len;
+    put(b, "\"", 1);
+    while (p < end) {
+        size_t n = utf8_length(p);
+        if (!n || p + n > end) {
+            b->bad = 1;
+            return;
+        }
+        if (*p == '"' || *p == '\\') {
+            char escaped[2] = {'\\', (char)*p};
+            put(b, escaped, 2);
+        } else if (*p < 0x20) {
+            char escaped[8];
+            snprintf(escaped, sizeof escaped, "\\u%04x", *p);
+            put(b, escaped, 6);
+        } else {
+            put(b, (const char *)p, n);
+        }
+        p += n;
+    }
+    put(b, "\"", 1);
+}
+
+extern char **environ;
+
+/* The request for `program` with this process's argv (argv[0] as given), environment,
+ * directory and umask; 0 where it cannot be said (then the command runs here). */
+static int request(struct buf *b, const char *program, int argc, char **argv,
+                   const char *argv0) {
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return 0;
+    mode_t mask = umask(022);
+    umask(mask);
+    put_text(b, "{\"program\":");
+    put_string(b, program, (size_t)-1);
+    put_text(b, ",\"argv\":[");
+    for (int i = 0; i < argc; i++) {
+        if (i)
+            put(b, ",", 1);
+        put_string(b, i ? argv[i] : argv0, (size_t)-1);
+    }
+    put_text(b, "],\"env\":{");
+    int first = 1;
+#ifdef OWN_CONFIG
+    if (!getenv("TORPOR_CONFIG")) {  /* as the Python launchers set it */
+        put_text(b, "\"TORPOR_CONFIG\":");
+        put_string(b, DEFAULT_CONFIG, (size_t)-1);
+        first = 0;
+    }
+#endif
+    for (char **entry = environ; *entry; entry++) {
+        const char *eq = strchr(*entry, '=');
+        size_t key = eq ? (size_t)(eq - *entry) : 0;
+        if (!key || (key == strlen(SELF_ENV) && strncmp(*entry, SELF_ENV, key) == 0))
+            continue;  /* no name; the front end's own note to the Python program */
+        if (!first)
+            put(b, ",", 1);
+        first = 0;
+        put_string(b, *entry, key);
+        put(b, ":", 1);
+        put_string(b, eq + 1, (size_t)-1);
+    }
+    put_text(b, "},\"cwd\":");
+    put_string(b, cwd, (size_t)-1);
+    char tail[64];
+    snprintf(tail, sizeof tail, ",\"umask\":%u}\n", (unsigned)mask);
+    put_text(b, tail);
+    return !b->bad;
+}
+
+/* The request, fds 0, 1 and 2 riding on its first bytes. */
+static int send_request(int sock, const struct buf *b) {
+    int fds[3] = {0, 1, 2};
+    union {
+        char bytes[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec iov = {.iov_base = b->data, .iov_len = b->len};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
+                         .msg_controllen = sizeof control.bytes};
+    struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(header), fds, sizeof fds);
+    ssize_t n;
+    do
+        n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return 0;
+    for (size_t sent = (size_t)n; sent < b->len; sent += (size_t)n) {
+        do
+            n = send(sock, b->data + sent, b->len - sent, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0)
+            return 0;
+    }
+    return 1;
+}
+
+struct lines {
+    int sock;
+    size_t len;
+    char data[65536];
+};
+
+/* The next line from the service, without its newline (cut to `size`); 0 at the end of the
+ * stream, on an error, or for a line longer than the buffer. */
+static int next_line(struct lines *in, char *out, size_t size) {
+    for (;;) {
+        char *newline = memchr(in->data, '\n', in->len);
+        if (newline) {
+            size_t n = (size_t)(newline - in->data);
+            snprintf(out, size, "%.*s", (int)n, in->data);
+            in->len -= n + 1;
+            memmove(in->data, newline + 1, in->len);
+            return 1;
+        }
+        if (in->len == sizeof in->data)
+            return 0;
+        ssize_t got = recv(in->sock, in->data + in->len, sizeof in->data - in->len, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return 0;
+        in->len += (size_t)got;
+    }
+}
+
+static volatile sig_atomic_t service_child;  /* the pid of torpord's child running the command */
+
+static void forward(int signum) {
+    if (service_child > 0)
+        kill((pid_t)service_child, signum);
+}
+
+/* The command's exit status from torpord; -1 where it ran nothing (run it here). */
+static int handoff(const struct frontend_config *cfg, const char *program, int argc,
+                   char **argv, const char *argv0) {
+    static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP};  /* = handoff.FORWARDED_SIGNALS */
+    static struct lines in;
+    const char *off = getenv("TORPOR_NO_SERVICE");
+    if ((off && strcmp(off, "1") == 0) || !cfg->socket_plain || !cfg->socket[0])
+        return -1;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", cfg->socket);
+    int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        return -1;
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        close(sock);  /* none there, none listening, not ours to use */
+        return -1;
+    }
+    struct buf b = {0};
+    int sent = request(&b, program, argc, argv, argv0) && send_request(sock, &b);
+    free(b.data);
+    char line[256];
+    in.sock = sock;
+    in.len = 0;
+    if (!sent || !next_line(&in, line, sizeof line) || strcmp(line, "{\"accepted\":true}")) {
+        close(sock);
+        return -1;
+    }
+    struct sigaction action = {.sa_handler = forward};  /* no SA_RESTART: recv sees EINTR */
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
+        sigaction(FORWARDED[i], &action, NULL);
+    for (;;) {
+        long value;
+        if (!next_line(&in, line, sizeof line)) {
+            fprintf(stderr, "%s: error: torpord closed the connection while the command ran "
+                            "(pid %d); its output above is all there is\n",
+                    program, (int)service_child);
+            return 1;
+        }
+        if (sscanf(line, "{\"pid\":%ld", &value) == 1)
+            service_child = (sig_atomic_t)value;
+        else if (sscanf(line, "{\"exit\":%ld", &value) == 1)
+            return (int)(value & 0xFF);
+    }
+}
+
+/* The config into cfg: 1 where this file read it (or there is none), 0 where the Python program
+ * must read it. */
+static int read_frontend_config(struct frontend_config *cfg) {
+    const char *explicit = getenv("TORPOR_CONFIG");
+    config_defaults(cfg);
+    FILE *f = fopen(explicit && *explicit ? explicit : DEFAULT_CONFIG, "r");
+    if (!f)
+        return !(explicit && *explicit);  /* a named file that is missing: said there */
+    char *text = read_config(f);
+    fclose(f);
+    int plain = text && config_runtime(text, cfg);
+    free(text);
+    return plain;
+}
+
+/* `torpor`: the command to torpord, else the Python CLI (which tries torpord itself where this
+ * file could not read the config). */
+static int cli(int argc, char **argv) {
+    struct frontend_config cfg;
+    if (read_frontend_config(&cfg)) {
+        int status = handoff(&cfg, CLI_NAME, argc, argv, argv[0]);
+        if (status >= 0)
+            return status;
+    }
+    run_python(TORPOR_CLI, CLI_NAME, argc, argv);
+    return 127;
+}
+
 /* containerd-shim-torpor-v2: containerd's runc shim, with torpor-runc as its runc. */
 static int shim_launcher(int argc, char **argv) {
     const char *search = getenv("PATH");
@@ -438,35 +760,34 @@ static int shim_launcher(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     const char *name = strrchr(argv[0], '/');
-    if (strcmp(name ? name + 1 : argv[0], SHIM_NAME) == 0)
+    name = name ? name + 1 : argv[0];
+    if (strcmp(name, SHIM_NAME) == 0)
         return shim_launcher(argc, argv);
+    if (TORPOR_CLI[0] && strcmp(name, CLI_NAME) == 0)
+        return cli(argc, argv);
     if (!realpath("/proc/self/exe", self))
         self[0] = '\0';
     int command = subcommand(argc, argv);
-    if (command && listed(argv[command], INTERCEPTED) && !asks_for_help(argc, argv, command))
+    struct frontend_config cfg;
+    int plain = read_frontend_config(&cfg);
+    if (command && listed(argv[command], INTERCEPTED) && !asks_for_help(argc, argv, command)) {
+        /* = torpor/shim/main.py's SERVED; runc leading back here is said in words there */
+        if (plain && strcmp(argv[command], "checkpoint") == 0 && !getenv(MARKER)) {
+            int status = handoff(&cfg, "torpor-runc", argc, argv, self[0] ? self : argv[0]);
+            if (status >= 0)
+                return status;
+        }
         to_python(argc, argv);
-
-    const char *explicit = getenv("TORPOR_CONFIG");
-    char runtime[PATH_MAX];
-    int on_create = 0;
-    FILE *f = fopen(explicit && *explicit ? explicit : DEFAULT_CONFIG, "r");
-    if (!f) {
-        if (explicit && *explicit)
-            to_python(argc, argv);  /* it says which file is missing */
-        snprintf(runtime, sizeof runtime, "runc");
-    } else {
-        char *text = read_config(f);
-        fclose(f);
-        if (!text || !config_runtime(text, runtime, sizeof runtime, &on_create))
-            to_python(argc, argv);
-        free(text);
     }
-    if (on_create && command && !asks_for_help(argc, argv, command) &&
+    if (!plain)
+        to_python(argc, argv);
+    if (cfg.on_create && command && !asks_for_help(argc, argv, command) &&
         on_create_call(argc, argv, command))
         to_python(argc, argv);
     if (getenv(MARKER))
         to_python(argc, argv);  /* runc led back to torpor-runc: said in words there */
 
+    const char *runtime = cfg.runtime;
     if (strchr(runtime, '/')) {
         if (runtime[0] == '/' && usable(runtime) && !is_self(runtime))
             exec_runtime(runtime, argc, argv);

@@ -15,11 +15,12 @@ This module is the fast path: it imports `os`, `sys`, `torpor.shim.lowlevel` and
 about a millisecond on every container operation). Configuration and the error tree are
 imported only when they are needed.
 
-`checkpoint` goes to torpord when it answers (torpor.handoff, stdlib only: one connect to
-`[service] socket`): torpord's child runs this same main with this process's argv, environment,
-directory and fds 0-2, its imports (pyroute2's among them) already paid, and its exit status
-becomes this process's; its --log lines are written by that child, as they would be here. No
-torpord, a refusal or TORPOR_NO_SERVICE=1: it runs here. `restore` never goes there: runc
+`checkpoint` goes to torpord when it answers (the compiled front end tries first, then this
+program with torpor.handoff, stdlib only: one connect to `[service] socket`): torpord's child
+runs this same main with this process's argv, environment, directory and fds 0-2, its imports
+(pyroute2's among them) already paid, and its exit status becomes this process's; its --log
+lines are written by that child, as they would be here. No torpord, a refusal or
+TORPOR_NO_SERVICE=1: it runs here. `restore` never goes there: runc
 restore's detached container init must be reparented to containerd's shim (a subreaper, which
 waits for it and reports its exit), and a child of torpord is not below the shim
 (docs/service.md).
