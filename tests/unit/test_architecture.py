@@ -25,7 +25,7 @@ ALLOWED = {
     "cli": GROUND | CAPABILITIES | {"ops"},
     # torpord runs the CLI's commands, the schedules, and torpor-runc's checkpoint (pyroute2
     # imported before it forks: capture.netns)
-    "service": GROUND | {"cli", "ops", "shim", "capture", "lazy"},
+    "service": GROUND | {"cli", "ops", "shim", "capture", "lazy", "criu_images"},
     # create_cmd: a container created from a checkpoint image restores from it (ops/on_create)
     "shim": GROUND | {"capture", "gpu", "criu_images", "ops"},
     "oci_hooks": GROUND | {"capture"},

@@ -16,7 +16,8 @@ from torpor import handoff, tally
 from torpor.cli.main import main as cli_main
 from torpor.shim.main import main as runtime_main
 
-RUNTIME_MODULES = ("torpor.shim.checkpoint_cmd",)   # what torpor-runc's checkpoint imports
+# what torpor-runc's checkpoint imports (the GPU's modules whether or not the container has one)
+RUNTIME_MODULES = ("torpor.shim.checkpoint_cmd", "torpor.gpu.session")
 
 
 def _stream(fd: int, write: bool) -> io.TextIOWrapper:
