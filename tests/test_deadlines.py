@@ -23,6 +23,7 @@ import pytest
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
 from .support.processes import wait_for
+from .support.torpord import Torpord
 from .support.workload import (
     COUNTER,
     containers,
@@ -69,7 +70,9 @@ def dnode(nodes: Nodes, session_dir: Path, hangs: Path, containerd_version: str,
                       f'log_dir = "{session_dir}/deadlines-state-logs"\n'
                       f'[image]\nstore = "{session_dir}/deadlines-store"\n'
                       f'[checkpoint]\ntimeout_s = {TIMEOUT_S}\n'
-                      f'[restore]\ntimeout_s = {TIMEOUT_S}\n')
+                      f'[restore]\ntimeout_s = {TIMEOUT_S}\n'
+                      f'[service]\nsocket = "{session_dir}/deadlines-torpord.sock"\n'
+                      'metrics = ""\n')
     return nodes.start("deadlines", config=config,
                        extra_env={"CRIU_CONFIG_FILE": str(hangs / "criu.conf")},
                        containerd=containerd_version, runc=runc_version)
@@ -171,11 +174,18 @@ def checkpoint_leftovers(node: Node) -> list[str]:
     return found + mounts_under(state_dir(node))
 
 
-@pytest.mark.parametrize("action", ["setup-namespaces", "post-restore"])
+@pytest.mark.parametrize(("action", "service"), [
+    ("setup-namespaces", "in-process"), ("post-restore", "in-process"),
+    ("setup-namespaces", "torpord")])   # torpord's child asks torpor-runc to run runc
 def test_a_restore_whose_criu_hangs_is_killed_and_leaves_nothing(
-        dnode: Node, hangs: Path, tmp_path: Path, action: str) -> None:
-    source, name = f"hr-src-{action}", f"hr-{action}"
-    with containers(dnode) as names:
+        dnode: Node, hangs: Path, tmp_path: Path, session_dir: Path, action: str,
+        service: str) -> None:
+    source, name = f"hr-src-{action}-{service}", f"hr-{action}-{service}"
+    with contextlib.ExitStack() as stack, containers(dnode) as names:
+        if service == "torpord":
+            torpord = Torpord(dnode, session_dir / "deadlines-torpord.sock", 0,
+                              tmp_path / "torpord.log").start()
+            stack.callback(torpord.stop)
         counter(dnode, names, source)
         torpor(dnode, "checkpoint", source, "-o", str(tmp_path / "ck"), "--leave-running")
         names.append(name)
@@ -186,6 +196,8 @@ def test_a_restore_whose_criu_hangs_is_killed_and_leaves_nothing(
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 hung_pids = hung_processes(hung)
+                if service == "torpord":   # the CLI's restore and torpor-runc's, both there
+                    assert len(torpord.children()) == 2, torpord.children()
                 out, err = cli.communicate(timeout=TIMEOUT_S + SLACK_S + 30)
             finally:
                 if cli.poll() is None:

@@ -11,13 +11,11 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from torpor import handoff
 
@@ -25,6 +23,7 @@ from .conftest import Nodes, run_torpor
 from .support.containerd import Node
 from .support.processes import free_port, kill_pid, wait_for
 from .support.registry import Registry
+from .support.torpord import Torpord
 from .support.workload import (
     COUNTER,
     containers,
@@ -38,52 +37,6 @@ from .support.workload import (
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 NO_SERVICE = {"TORPOR_NO_SERVICE": "1"}
-
-
-class Torpord:
-    """torpord on the node's configuration, started and stopped by pid."""
-
-    def __init__(self, node: Node, socket_path: Path, metrics_port: int, log: Path) -> None:
-        self.node, self.socket, self.port, self.log = node, socket_path, metrics_port, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Torpord:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([str(self.node.bin_dir / "torpord")], env=self.node.env,
-                                         stdout=log, stderr=log, start_new_session=True)
-        wait_for(lambda: handoff.connect(str(self.socket)), timeout=60, what="torpord's socket")
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(30)
-
-    def children(self) -> list[int]:
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
-
-    def metrics_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
-            return str(r.read().decode())
-
-    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        """Every sample of /metrics: (name, its labels) -> value."""
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(self.metrics_text())
-                for s in family.samples}
-
-    def count(self, command: str, result: str = "success") -> float:
-        return self.samples().get(("torpor_commands_total", frozenset(
-            {"command": command, "result": result}.items())), 0.0)
 
 
 def delta(before: dict[tuple[str, frozenset[tuple[str, str]]], float],
@@ -408,6 +361,31 @@ def test_torpor_runc_checkpoints_through_the_service_when_it_runs(
     finally:
         if service == "stopped":
             torpord.start()
+
+
+def test_torpor_runc_restores_through_the_service_below_the_shim(
+        service_node: Node, torpord: Torpord, test_image: dict[str, object],
+        tmp_path: Path) -> None:
+    """torpor-runc's restore hands its work to torpord, and runs `runc restore` itself when
+    torpord's child asks: the restored init is the shim's child, so the shim sees it exit
+    (the task stops), and the restored counter went on from the checkpoint's count."""
+    node = service_node
+    name, restored = "svc-restore", "svc-restore-b"
+    before = torpord.count("torpor-runc restore")
+    with containers(node) as names:
+        names += [name, restored]
+        node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
+        counted = wait_counter_above(node, name, 5)
+        torpor(node, "checkpoint", name, "-o", str(tmp_path / "ck"))
+        torpor(node, "restore", str(tmp_path / "ck"), "--name", restored)
+        wait_counter_above(node, restored, counted + 3)
+        init = task_pid(node, restored)
+        parent = int(Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert Path(f"/proc/{parent}/comm").read_text().strip() == "containerd-shim"
+        os.kill(init, signal.SIGKILL)   # the restored container's own init: its end is seen
+        wait_for(lambda: task_status(node, restored) == "STOPPED", timeout=30,
+                 what="the shim to see the restored init exit")
+    assert torpord.count("torpor-runc restore") == before + 1, torpord.metrics_text()
 
 
 def test_torpor_runc_reports_the_same_through_the_service(service_node: Node, torpord: Torpord,

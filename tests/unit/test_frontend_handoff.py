@@ -44,6 +44,8 @@ class Service:
     requests: list[Request] = field(default_factory=list)
     connections: int = 0
     sleeper: subprocess.Popen[bytes] | None = None
+    ran: list[bytes] = field(default_factory=list)
+    fds: int = 0
 
     def serve(self, listener: socket.socket) -> None:
         while True:
@@ -56,13 +58,20 @@ class Service:
                 self.answer(conn)
 
     def answer(self, conn: socket.socket) -> None:
-        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 4)
         try:
             line = handoff.LineReader(conn, data).line()
             if line is None:
                 return   # the caller gave up before its request: it runs the command itself
             request = Request(*handoff.parse_request(handoff.decode(line)))
             self.requests.append(request)
+            self.fds = len(fds)
+            if len(fds) == 4:   # a restore: runc runs in the front end, as this side asks
+                conn.sendall(handoff.encode({"accepted": True}) + handoff.encode({"pid": 1}))
+                with socket.socket(fileno=os.dup(fds[3])) as channel:
+                    status = self.runs(channel)
+                conn.sendall(handoff.encode({"exit": status}))
+                return
             if self.mode == "refuse":
                 conn.sendall(handoff.encode({"refused": "torpord: not today " + "x" * 300}))
                 return
@@ -80,6 +89,25 @@ class Service:
         finally:
             for fd in fds:
                 os.close(fd)
+
+
+    def runs(self, channel: socket.socket) -> int:
+        """What torpor/shim/served.py does: ask the front end to run a process, see its pid and
+        exit status (and kill it, past a deadline), then let it be reaped."""
+        script = 'echo "$PPID" > "$OUT"; exit 3' if self.mode == "run" else "exec sleep 30"
+        argv, env = ["/bin/sh", "-c", script], [f"OUT={self.path}.ppid", "LANG=é"]
+        channel.sendall(b"\0".join([b"run", b"3", *(a.encode() for a in argv), b"2",
+                                     *(e.encode() for e in env)]) + b"\0")
+        kind, _, pid = channel.recv(100).partition(b"\0")
+        assert kind == b"pid"
+        if self.mode == "deadline":
+            time.sleep(0.3)
+            assert Path(f"/proc/{int(pid)}").exists()   # running until killed here
+            os.kill(int(pid), signal.SIGKILL)
+        self.ran.append(channel.recv(100))
+        assert Path(f"/proc/{int(pid)}").exists()   # ended, but not reaped before "done"
+        channel.sendall(b"done")
+        return 7
 
 
 @dataclass
@@ -101,7 +129,8 @@ class FrontEnd:
 
 def build(root: Path, config: str = "") -> tuple[Path, Path]:
     python = root / "python"
-    python.write_text('#!/bin/sh\necho "python ran ${2##*/} ${TORPOR_RUNC_PATH:+self}"\n')
+    python.write_text('#!/bin/sh\necho "python ran ${2##*/} ${TORPOR_RUNC_PATH:+self}'
+                      '${TORPOR_CLI_PATH:+cli=$TORPOR_CLI_PATH}"\n')
     python.chmod(0o755)
     binary = root / "torpor-runc"
     if not compile_frontend(str(binary), str(python), str(root / "torpor-runc.py"),
@@ -158,6 +187,12 @@ def test_the_cli_hands_its_command_to_torpord_with_its_argv_env_directory_and_um
     (request,) = front_end.service.requests
     assert request.program == "torpor"
     assert request.argv == [str(front_end.torpor), "checkpoint", "web", "-o", "/d é"]
+    # by its bare name, from another directory: still its path (torpor finds torpor-runc
+    # beside itself, never in the caller's directory)
+    bare = subprocess.run(["torpor", "ls"], cwd=tmp_path, capture_output=True, text=True,
+                          env=front_end.env(PATH=f"{front_end.torpor.parent}:/bin"), timeout=20)
+    assert bare.returncode == 42
+    assert front_end.service.requests[-1].argv == [str(front_end.torpor), "ls"]
     assert request.env == front_end.env(TORPOR_TEST_ODD=ODD)   # every byte, as Python sends it
     assert (request.cwd, request.umask) == (str(tmp_path), 0o027)
 
@@ -202,7 +237,8 @@ def test_what_torpord_does_not_take_runs_in_python(front_end: FrontEnd, why: str
         result = subprocess.run(args, env=env_bytes, capture_output=True, text=True, timeout=20)
     else:
         result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=20)
-    assert (result.returncode, result.stdout) == (0, "python ran torpor.py \n")
+    # the Python CLI is told where `torpor` is: its argv[0] as if it had been run itself
+    assert (result.returncode, result.stdout) == (0, f"python ran torpor.py cli={front_end.torpor}\n")
     if why != "not UTF-8":
         runc = front_end.run(front_end.runc, "checkpoint", "c1", env=env)
         assert runc.stdout == "python ran torpor-runc.py self\n"
@@ -254,3 +290,33 @@ def test_a_prefix_installs_config_travels_as_the_python_launchers_set_it(
     thread.join(10)
     assert result.returncode == 42
     assert service.requests[0].env == {"PATH": "/bin", "TORPOR_CONFIG": str(config)}
+
+
+@pytest.mark.parametrize("mode", ["run", "deadline"])
+def test_a_detached_restore_runs_runc_in_the_front_end_when_torpord_asks(
+        front_end: FrontEnd, mode: str) -> None:
+    """torpord's child does the restore's work; `runc restore` must run below the shim (the
+    restored init is reparented to it), so the front end runs what the child asks, with the
+    environment it gives, and reports its pid and status; past a deadline the child kills it."""
+    front_end.service.mode = mode
+    proc = subprocess.Popen([str(front_end.runc), "restore", "--detach", "--bundle", "/b", "c1"],
+                            env=front_end.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 7, err
+    assert front_end.service.fds == 4
+    if mode == "run":   # the process ran as the front end's child, its status came back
+        assert front_end.service.ran == [b"ran\x003"]
+        assert Path(f"{front_end.service.path}.ppid").read_text().strip() == str(proc.pid)
+    else:
+        assert front_end.service.ran == [b"ran\x00-9"]
+    # a restore in the foreground, and any restore without torpord, runs in Python
+    assert front_end.run(front_end.runc, "restore", "c1").stdout == \
+        "python ran torpor-runc.py self\n"
+
+
+def test_the_lines_the_front_end_reads_are_those_torpord_writes() -> None:
+    """frontend.c compares these lines as they are (handoff.encode's compact form)."""
+    assert handoff.encode({"accepted": True}) == b'{"accepted":true}\n'
+    assert handoff.encode({"pid": 12}) == b'{"pid":12}\n'
+    assert handoff.encode({"exit": 3}) == b'{"exit":3}\n'

@@ -153,7 +153,8 @@ def install(bin_dir: str, lib_dir: str | None = None, python: str | None = None,
     os.makedirs(runc_dir, exist_ok=True)
     os.replace(written["torpor-runc"], script)
     written["torpor-runc.py"] = script
-    shutil.copy2(written["torpor"], cli)
+    shutil.copy2(written["torpor"], cli + ".tmp")
+    os.replace(cli + ".tmp", cli)
     shim = find_runc_shim()
     compiled = compile_frontend(written["torpor-runc"], python, script, runc_dir, shim, config,
                                 cli)

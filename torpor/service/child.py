@@ -14,10 +14,12 @@ import sys
 
 from torpor import handoff, tally
 from torpor.cli.main import main as cli_main
+from torpor.shim import served
 from torpor.shim.main import main as runtime_main
 
-# what torpor-runc's checkpoint imports (the GPU's modules whether or not the container has one)
-RUNTIME_MODULES = ("torpor.shim.checkpoint_cmd", "torpor.gpu.session")
+# what torpor-runc's checkpoint and restore import (the GPU's modules with or without a GPU)
+RUNTIME_MODULES = ("torpor.shim.checkpoint_cmd", "torpor.gpu.session", "torpor.shim.restore_cmd",
+                   "torpor.gpu.restore")
 
 
 def _stream(fd: int, write: bool) -> io.TextIOWrapper:
@@ -39,10 +41,12 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
             signal.signal(signum, signal.SIG_DFL)
         for fd in close:
             os.close(fd)
-        for target, fd in enumerate(fds):
+        for target, fd in enumerate(fds[:3]):
             os.dup2(fd, target)
-        for fd in set(fds) - {0, 1, 2}:
+        for fd in set(fds[:3]) - {0, 1, 2}:
             os.close(fd)
+        if len(fds) == 4:   # torpor-runc's restore: runc runs in the caller (shim/served.py)
+            served.attach(fds[3])
         os.umask(umask)
         os.environ.clear()
         os.environ.update(env)

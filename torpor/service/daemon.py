@@ -135,12 +135,15 @@ class Service:
             conn.close()
             return None
         conn.settimeout(10)
-        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 4)
         try:
             line = handoff.LineReader(conn, data).line()
-            if line is None or len(fds) != 3:
+            if line is None or len(fds) not in (3, 4):
                 raise handoff.ProtocolError("a request needs one line and fds 0, 1 and 2")
             program, argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
+            if len(fds) == 4 and not (program == "torpor-runc" and _is_socket(fds[3])):
+                raise handoff.ProtocolError("only torpor-runc's restore hands over a fourth fd, "
+                                            "its channel (a socket)")
             conn.settimeout(None)
             conn.sendall(handoff.encode({"accepted": True}))
         except BaseException:
@@ -265,6 +268,12 @@ class Service:
 
 
 SCHEDULE_TICK_S = 1.0   # how often the book is read for rounds due
+
+
+def _is_socket(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISSOCK(os.fstat(fd).st_mode)
 
 
 def read_report(fd: int) -> bytes:

@@ -13,9 +13,11 @@
  * here) goes to the Python program, which decides the same way and reports errors in runc's log
  * format. torpor.runtime_config.launchers compiles this file with the paths defined.
  *
- * `checkpoint` goes to torpord first, where `[service] socket` answers (torpord's wire,
- * torpor/handoff.py, spoken here): torpord's child runs torpor-runc's Python program with this
- * process's argv, environment, directory and fds 0-2, and its exit status becomes this one's. No
+ * `checkpoint` and `restore --detach` go to torpord first, where `[service] socket` answers
+ * (torpord's wire, torpor/handoff.py, spoken here): torpord's child runs torpor-runc's Python
+ * program with this process's argv, environment, directory and fds 0-2, and its exit status
+ * becomes this one's; a restore's `runc restore` runs here, below containerd's shim, when that
+ * child asks (run_for_service). No
  * socket, a refusal, TORPOR_NO_SERVICE=1 or anything this file cannot say plainly (a config
  * beyond its reading, bytes that are not UTF-8) and the Python program runs here, as before.
  *
@@ -35,9 +37,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #ifndef TORPOR_PYTHON
@@ -62,6 +67,7 @@
 
 #define MARKER "TORPOR_RUNC_LOWLEVEL"  /* set for runc: seeing it means runc led back here */
 #define SELF_ENV "TORPOR_RUNC_PATH"    /* tells the Python program where torpor-runc is */
+#define CLI_SELF_ENV "TORPOR_CLI_PATH"  /* ... and the CLI's where `torpor` is (cli/handoff.py) */
 #ifndef DEFAULT_CONFIG  /* a prefix install's own (packaging/install.sh) */
 #define DEFAULT_CONFIG "/etc/torpor/config.toml"
 #else
@@ -96,6 +102,19 @@ static int subcommand(int argc, char **argv) {
         const char *name = arg + (arg[1] == '-' ? 2 : 1);
         if (!strchr(arg, '=') && listed(name, GLOBAL_VALUE_FLAGS))
             i++;
+    }
+    return 0;
+}
+
+/* `restore --detach`: runc returns once CRIU is done (containerd's shim, Podman and CRI-O
+ * restore so); a restore in the foreground lives as long as its container, and runs here. */
+static int detached(int argc, char **argv, int command) {
+    for (int i = command + 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            return 0;
+        if (strcmp(argv[i], "--detach") == 0 || strcmp(argv[i], "-d") == 0 ||
+            strcmp(argv[i], "-detach") == 0)
+            return 1;
     }
     return 0;
 }
@@ -545,6 +564,10 @@ static void put_string(struct buf *b, const char *text, size_t len) {
 
 extern char **environ;
 
+static int named(const char *entry, size_t key, const char *name) {
+    return key == strlen(name) && strncmp(entry, name, key) == 0;
+}
+
 /* The request for `program` with this process's argv (argv[0] as given), environment,
  * directory and umask; 0 where it cannot be said (then the command runs here). */
 static int request(struct buf *b, const char *program, int argc, char **argv,
@@ -574,8 +597,13 @@ static int request(struct buf *b, const char *program, int argc, char **argv,
     for (char **entry = environ; *entry; entry++) {
         const char *eq = strchr(*entry, '=');
         size_t key = eq ? (size_t)(eq - *entry) : 0;
-        if (!key || (key == strlen(SELF_ENV) && strncmp(*entry, SELF_ENV, key) == 0))
-            continue;  /* no name; the front end's own note to the Python program */
+        if (!key || named(*entry, key, SELF_ENV) || named(*entry, key, CLI_SELF_ENV))
+            continue;  /* no name; the front end's own notes to the Python programs */
+        int again = 0;  /* a name given twice: the first counts, as getenv and Python read it */
+        for (char **before = environ; before < entry && !again; before++)
+            again = strncmp(*before, *entry, key + 1) == 0;
+        if (again)
+            continue;
         if (!first)
             put(b, ",", 1);
         first = 0;
@@ -591,9 +619,10 @@ static int request(struct buf *b, const char *program, int argc, char **argv,
     return !b->bad;
 }
 
-/* The request, fds 0, 1 and 2 riding on its first bytes. */
-static int send_request(int sock, const struct buf *b) {
-    int fds[3] = {0, 1, 2};
+/* The request, fds 0, 1 and 2 (and `channel`, where there is one) riding on its first bytes. */
+static int send_request(int sock, const struct buf *b, int channel) {
+    int fds[4] = {0, 1, 2, channel};
+    size_t nfds = channel >= 0 ? 4 : 3;
     union {
         char bytes[CMSG_SPACE(sizeof fds)];
         struct cmsghdr align;
@@ -601,12 +630,12 @@ static int send_request(int sock, const struct buf *b) {
     memset(&control, 0, sizeof control);
     struct iovec iov = {.iov_base = b->data, .iov_len = b->len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.bytes,
-                         .msg_controllen = sizeof control.bytes};
+                         .msg_controllen = CMSG_SPACE(nfds * sizeof *fds)};
     struct cmsghdr *header = CMSG_FIRSTHDR(&msg);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(header), fds, sizeof fds);
+    header->cmsg_len = CMSG_LEN(nfds * sizeof *fds);
+    memcpy(CMSG_DATA(header), fds, nfds * sizeof *fds);
     ssize_t n;
     do
         n = sendmsg(sock, &msg, MSG_NOSIGNAL);
@@ -629,80 +658,226 @@ struct lines {
     char data[65536];
 };
 
-/* The next line from the service, without its newline (cut to `size`); 0 at the end of the
- * stream, on an error, or for a line longer than the buffer. */
+/* A whole line already received, without its newline (cut to `size`): 1, else 0. */
+static int take_line(struct lines *in, char *out, size_t size) {
+    char *newline = memchr(in->data, '\n', in->len);
+    if (!newline)
+        return 0;
+    size_t n = (size_t)(newline - in->data);
+    snprintf(out, size, "%.*s", (int)n, in->data);
+    in->len -= n + 1;
+    memmove(in->data, newline + 1, in->len);
+    return 1;
+}
+
+/* More of the service's lines: 1, or 0 at the end of the stream, on an error, or for a line
+ * longer than the buffer; -1 for a signal. */
+static int receive_more(struct lines *in) {
+    if (in->len == sizeof in->data)
+        return 0;
+    ssize_t got = recv(in->sock, in->data + in->len, sizeof in->data - in->len, 0);
+    if (got < 0 && errno == EINTR)
+        return -1;
+    if (got <= 0)
+        return 0;
+    in->len += (size_t)got;
+    return 1;
+}
+
+/* The next line from the service (see take_line); 0 at the end of the stream or an error. */
 static int next_line(struct lines *in, char *out, size_t size) {
-    for (;;) {
-        char *newline = memchr(in->data, '\n', in->len);
-        if (newline) {
-            size_t n = (size_t)(newline - in->data);
-            snprintf(out, size, "%.*s", (int)n, in->data);
-            in->len -= n + 1;
-            memmove(in->data, newline + 1, in->len);
-            return 1;
-        }
-        if (in->len == sizeof in->data)
+    while (!take_line(in, out, size)) {
+        if (!receive_more(in))
             return 0;
-        ssize_t got = recv(in->sock, in->data + in->len, sizeof in->data - in->len, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return 0;
-        in->len += (size_t)got;
     }
+    return 1;
 }
 
 static volatile sig_atomic_t service_child;  /* the pid of torpord's child running the command */
+static volatile sig_atomic_t runtime_child;  /* the runc this process runs for that child */
 
 static void forward(int signum) {
     if (service_child > 0)
         kill((pid_t)service_child, signum);
+    if (runtime_child > 0)  /* as PR_SET_PDEATHSIG would, were this process ended by it */
+        kill((pid_t)runtime_child, SIGKILL);
 }
 
-/* The command's exit status from torpord; -1 where it ran nothing (run it here). */
+/*
+ * torpor-runc's restore in torpord: the child there does all of torpor's work, but `runc
+ * restore` must run below containerd's shim (the restored init is reparented to it), so the
+ * child asks this process to run it, on a channel (a SOCK_SEQPACKET pair) handed over with fds
+ * 0-2. torpor/shim/served.py is the other end. Packets, NUL-separated fields:
+ *   child -> here: "run" ARGC ARGV... ENVC KEY=VALUE...   run it (die with this process)
+ *   here -> child: "pid" N, then "ran" CODE once it ended (its exit status; -SIGNAL if killed),
+ *                  the process left unreaped (a zombie) so that its pid names it until
+ *   child -> here: "done"   (the child may have killed its tree meanwhile, past a deadline)
+ */
+static int send_packet(int channel, const char *kind, long value) {
+    char packet[64];
+    int n = snprintf(packet, sizeof packet, "%s%c%ld", kind, '\0', value);
+    return send(channel, packet, (size_t)n, MSG_NOSIGNAL) == n;
+}
+
+/* The fields of a packet: count and list (NULL-terminated) from `fields`, at `*at`. */
+static char **field_list(char *packet, size_t len, size_t *at) {
+    char *end = packet + len, *p = packet + *at, *after;
+    size_t count = 0;
+    if (p >= end || !memchr(p, '\0', (size_t)(end - p)))
+        return NULL;
+    errno = 0;
+    unsigned long n = strtoul(p, &after, 10);
+    if (errno || after == p || *after || n > 65536)
+        return NULL;
+    p = after + 1;
+    char **list = calloc(n + 1, sizeof *list);
+    if (!list)
+        return NULL;
+    for (; count < n; count++) {
+        char *nul = p < end ? memchr(p, '\0', (size_t)(end - p)) : NULL;
+        if (!nul) {
+            free(list);
+            return NULL;
+        }
+        list[count] = p;
+        p = nul + 1;
+    }
+    *at = (size_t)(p - packet);
+    return list;
+}
+
+/* One request from the channel, run and reported: 1, or 0 when the channel ended. */
+static int run_for_service(int channel) {
+    ssize_t size;
+    do
+        size = recv(channel, NULL, 0, MSG_PEEK | MSG_TRUNC);
+    while (size < 0 && errno == EINTR);
+    if (size <= 0)
+        return 0;
+    char *packet = malloc((size_t)size + 1);
+    if (!packet)
+        return 0;
+    ssize_t n;
+    do
+        n = recv(channel, packet, (size_t)size, 0);
+    while (n < 0 && errno == EINTR);
+    char **args = NULL, **env = NULL;
+    size_t at = 4;
+    if (n != size || n < 4 || memcmp(packet, "run", 4) != 0 ||
+        !(args = field_list(packet, (size_t)n, &at)) || !args[0] ||
+        !(env = field_list(packet, (size_t)n, &at))) {
+        free(args);
+        free(packet);
+        return 0;  /* not what the other end sends: the channel is done */
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(137);  /* this process ended before the line above */
+        execve(args[0], args, env);
+        fprintf(stderr, "torpor-runc: cannot run %s: %s\n", args[0], strerror(errno));
+        _exit(127);
+    }
+    free(args);
+    free(env);
+    free(packet);
+    long code = 127;  /* it could not be started: said as an exit status, with no pid */
+    if (pid > 0) {
+        runtime_child = pid;
+        send_packet(channel, "pid", pid);
+        siginfo_t info;
+        for (;;) {
+            memset(&info, 0, sizeof info);
+            if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0 || errno != EINTR)
+                break;
+        }
+        runtime_child = 0;
+        code = info.si_code == CLD_EXITED ? info.si_status : -info.si_status;
+    }
+    char done[8];
+    if (send_packet(channel, "ran", code)) {
+        do
+            n = recv(channel, done, sizeof done, 0);  /* "done", or the channel's end */
+        while (n < 0 && errno == EINTR);
+    }
+    while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+    return 1;
+}
+
+/* The command's exit status, from the service's lines, running what the channel asks. */
+static int follow(struct lines *in, int channel, const char *program) {
+    char line[256];
+    for (;;) {
+        while (take_line(in, line, sizeof line)) {
+            long value;
+            if (sscanf(line, "{\"pid\":%ld", &value) == 1)
+                service_child = (sig_atomic_t)value;
+            else if (sscanf(line, "{\"exit\":%ld", &value) == 1)
+                return (int)(value & 0xFF);
+        }
+        struct pollfd ready[2] = {{.fd = in->sock, .events = POLLIN},
+                                  {.fd = channel, .events = POLLIN}};
+        if (poll(ready, channel >= 0 ? 2 : 1, -1) < 0)
+            continue;  /* a signal */
+        if (channel >= 0 && ready[1].revents && !run_for_service(channel)) {
+            close(channel);
+            channel = -1;
+        }
+        if (ready[0].revents && receive_more(in) == 0) {
+            fprintf(stderr, "%s: error: torpord closed the connection while the command ran "
+                            "(pid %d); its output above is all there is\n",
+                    program, (int)service_child);
+            return 1;
+        }
+    }
+}
+
+/* The command's exit status from torpord; -1 where it ran nothing (run it here). `served`: a
+ * runc restore, which the service's child runs through a channel to this process. */
 static int handoff(const struct frontend_config *cfg, const char *program, int argc,
-                   char **argv, const char *argv0) {
+                   char **argv, const char *argv0, int served) {
     static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP};  /* = handoff.FORWARDED_SIGNALS */
     static struct lines in;
     const char *off = getenv("TORPOR_NO_SERVICE");
     if ((off && strcmp(off, "1") == 0) || !cfg->socket_plain || !cfg->socket[0])
         return -1;
+    struct buf b = {0};
+    if (!request(&b, program, argc, argv, argv0)) {
+        free(b.data);
+        return -1;
+    }
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", cfg->socket);
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0)
-        return -1;
-    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        close(sock);  /* none there, none listening, not ours to use */
+    int pair[2] = {-1, -1};
+    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        (served && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)) {
+        if (sock >= 0)
+            close(sock);  /* none there, none listening, not ours to use */
+        free(b.data);
         return -1;
     }
-    struct buf b = {0};
-    int sent = request(&b, program, argc, argv, argv0) && send_request(sock, &b);
+    int sent = send_request(sock, &b, pair[1]);
     free(b.data);
+    if (pair[1] >= 0)
+        close(pair[1]);
     char line[256];
     in.sock = sock;
     in.len = 0;
     if (!sent || !next_line(&in, line, sizeof line) || strcmp(line, "{\"accepted\":true}")) {
         close(sock);
+        if (pair[0] >= 0)
+            close(pair[0]);
         return -1;
     }
     struct sigaction action = {.sa_handler = forward};  /* no SA_RESTART: recv sees EINTR */
     sigemptyset(&action.sa_mask);
     for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
         sigaction(FORWARDED[i], &action, NULL);
-    for (;;) {
-        long value;
-        if (!next_line(&in, line, sizeof line)) {
-            fprintf(stderr, "%s: error: torpord closed the connection while the command ran "
-                            "(pid %d); its output above is all there is\n",
-                    program, (int)service_child);
-            return 1;
-        }
-        if (sscanf(line, "{\"pid\":%ld", &value) == 1)
-            service_child = (sig_atomic_t)value;
-        else if (sscanf(line, "{\"exit\":%ld", &value) == 1)
-            return (int)(value & 0xFF);
-    }
+    return follow(&in, pair[0], program);
 }
 
 /* The config into cfg: 1 where this file read it (or there is none), 0 where the Python program
@@ -724,11 +899,16 @@ static int read_frontend_config(struct frontend_config *cfg) {
  * file could not read the config). */
 static int cli(int argc, char **argv) {
     struct frontend_config cfg;
+    /* argv[0] as a `#!` script's: a path, never a bare name that the command's directory
+     * would complete (torpor finds torpor-runc beside itself) */
+    if (!realpath("/proc/self/exe", self))
+        snprintf(self, sizeof self, "%s", argv[0]);
     if (read_frontend_config(&cfg)) {
-        int status = handoff(&cfg, CLI_NAME, argc, argv, argv[0]);
+        int status = handoff(&cfg, CLI_NAME, argc, argv, self, 0);
         if (status >= 0)
             return status;
     }
+    setenv(CLI_SELF_ENV, self, 1);
     run_python(TORPOR_CLI, CLI_NAME, argc, argv);
     return 127;
 }
@@ -772,8 +952,10 @@ int main(int argc, char **argv) {
     int plain = read_frontend_config(&cfg);
     if (command && listed(argv[command], INTERCEPTED) && !asks_for_help(argc, argv, command)) {
         /* = torpor/shim/main.py's SERVED; runc leading back here is said in words there */
-        if (plain && strcmp(argv[command], "checkpoint") == 0 && !getenv(MARKER)) {
-            int status = handoff(&cfg, "torpor-runc", argc, argv, self[0] ? self : argv[0]);
+        int restore = strcmp(argv[command], "restore") == 0;
+        if (plain && !getenv(MARKER) && (!restore || detached(argc, argv, command))) {
+            int status = handoff(&cfg, "torpor-runc", argc, argv, self[0] ? self : argv[0],
+                                 restore);
             if (status >= 0)
                 return status;
         }

@@ -20,10 +20,10 @@ program with torpor.handoff, stdlib only: one connect to `[service] socket`): to
 runs this same main with this process's argv, environment, directory and fds 0-2, its imports
 (pyroute2's among them) already paid, and its exit status becomes this process's; its --log
 lines are written by that child, as they would be here. No torpord, a refusal or
-TORPOR_NO_SERVICE=1: it runs here. `restore` never goes there: runc
+TORPOR_NO_SERVICE=1: it runs here. `restore` goes there only from the front end: runc
 restore's detached container init must be reparented to containerd's shim (a subreaper, which
-waits for it and reports its exit), and a child of torpord is not below the shim
-(docs/service.md).
+waits for it and reports its exit), so the front end runs `runc restore` itself when torpord's
+child asks (torpor.shim.served, docs/service.md).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ DISPATCH = {
     "checkpoint": "torpor.shim.checkpoint_cmd",
     "restore": "torpor.shim.restore_cmd",
 }
-SERVED = frozenset({"checkpoint"})   # what torpord runs when it answers (never restore)
+# what this program hands to torpord when it answers; the compiled front end also hands over
+# `restore --detach`, with the channel through which it runs runc itself (served.py)
+SERVED = frozenset({"checkpoint"})
 # ... and these, where `[restore] on_create` is on and on_create_check.intercepts says so
 ON_CREATE = {
     "create": "torpor.shim.create_cmd",
@@ -124,6 +126,13 @@ def main(argv: list[str] | None = None, in_service: bool = False) -> int:
             status = _in_service(argv)
             if status is not None:
                 return status
+        if in_service and command == "restore":
+            from torpor.errors import RestoreError
+            from torpor.shim import served
+
+            if not served.active():   # runc would restore the container below torpord
+                raise RestoreError("torpord runs torpor-runc's restore only for the front end "
+                                   "that hands over its channel (frontend.c)")
         return _intercept(argv, module_name, runtime, cfg)
     except Exception as e:
         return _fail(argv, e)

@@ -50,7 +50,7 @@ from torpor.formats import state as container_state
 from torpor.formats.oci import OciSpec
 from torpor.formats.spec_requests import SpecRequests
 from torpor.formats.state import ContainerState
-from torpor.shim import criu_log, lowlevel, modifiers, runc, spec
+from torpor.shim import criu_log, lowlevel, modifiers, runc, served, spec
 
 if TYPE_CHECKING:
     from torpor.shim.main import Context
@@ -217,18 +217,24 @@ def check_images(ctx: Context, image_path: str, config: OciSpec, bundle: str) ->
 def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = False) -> int:
     """`runc restore` (step 7, or all of a `plain` runc checkpoint's restore), with its
     deadline when detached: runc then returns once CRIU is done (in the foreground it lives as
-    long as the container, and has none: a plain one is then exec'd, as before)."""
+    long as the container, and has none: a plain one is then exec'd, as before). In torpord's
+    child, the front end that handed the restore over runs runc, below the shim (served.py)."""
+    from torpor.capture import deadlines
+
     inv = ctx.inv
-    if not inv.has("detach", "d") or ctx.cfg.restore_timeout_s <= 0:
+    limit = deadlines.budget(ctx.cfg.restore_timeout_s, deadlines.tree_bytes(image_path)) \
+        if inv.has("detach", "d") and ctx.cfg.restore_timeout_s > 0 else None
+    if served.active():
+        code = served.run([ctx.runtime, *argv[1:]], limit)
+    elif limit is None:
         if plain:
             lowlevel.exec_runtime(ctx.runtime, argv)
         return runc.run(ctx.runtime, argv)
-    from torpor.capture import deadlines
-
-    limit = deadlines.budget(ctx.cfg.restore_timeout_s, deadlines.tree_bytes(image_path))
-    code = runc.run_within(ctx.runtime, argv, limit)
+    else:
+        code = runc.run_within(ctx.runtime, argv, limit)
     if code is not None:
         return code
+    assert limit is not None
     runc.delete_force(ctx.runtime, inv, inv.container_id or "")
     deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
     log = os.path.join(inv.flag("work-path") or image_path, "restore.log")

@@ -1,0 +1,94 @@
+"""torpor-runc's restore in torpord's child: `runc restore` runs in the caller, below the shim.
+
+runc restores a container detached: CRIU's restored init is reparented to the nearest subreaper
+above the process that ran runc, which must be containerd's shim (it waits for the init and
+reports its exit). So when torpor-runc's compiled front end (frontend.c) hands a `restore
+--detach` to torpord, it hands over a channel with fds 0-2 (a SOCK_SEQPACKET socket), and the
+child here, having done all of torpor's work, asks the front end to run runc, in its own
+process, below the shim. Packets, NUL-separated fields:
+
+    here -> front end: b"run" ARGC ARGV... ENVC KEY=VALUE...
+    front end -> here: b"pid" N (none where it could not start it), then b"ran" CODE (the exit
+                       status; -SIGNAL for a signal), runc left unreaped, so that N still
+                       names it while this side kills its tree past the deadline
+    here -> front end: b"done" (then the front end reaps it)
+
+Without a channel (no torpord, or a restore run in torpor-runc's own process) nothing here is
+used: torpor.shim.runc runs runc as a child of torpor-runc.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+
+from torpor.errors import RestoreError
+
+KILLED_WAIT_S = 30.0    # for the front end to see a killed runc end
+MAX_PACKET = 1 << 20
+
+_channel: socket.socket | None = None
+
+
+def attach(fd: int) -> None:
+    """The channel torpord's child got with the request (torpor.service.child)."""
+    global _channel
+    _channel = socket.socket(fileno=fd)
+
+
+def active() -> bool:
+    return _channel is not None
+
+
+def run(argv: list[str], limit_s: float | None) -> int | None:
+    """Run `argv` (the runtime's path first) in the front end, with this process's
+    environment: its exit status (negative: killed by that signal), or None past `limit_s`,
+    when runc and everything it started were killed (as torpor.shim.runc.run_within)."""
+    channel = _channel
+    assert channel is not None
+    env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
+    fields = [b"run", str(len(argv)).encode(), *map(os.fsencode, argv), str(len(env)).encode(),
+              *env]
+    try:
+        channel.sendall(b"\0".join(fields) + b"\0")
+        first = _receive(channel, None)
+        assert first is not None   # (no timeout)
+        kind, value = first
+        pid = value if kind == b"pid" else None
+        timed_out = False
+        if pid is not None:
+            ran = _receive(channel, limit_s)
+            if ran is None:
+                timed_out = True
+                from torpor.capture import deadlines
+
+                deadlines.kill_tree(pid)   # unreaped by the front end: the pid is still runc's
+                ran = _receive(channel, KILLED_WAIT_S)
+            if ran is None or ran[0] != b"ran":
+                raise RestoreError(f"runc restore (pid {pid}) did not end after it was killed")
+            value = ran[1]
+        elif kind != b"ran":
+            raise RestoreError(f"torpor-runc's front end answered {kind!r} to run runc")
+        channel.sendall(b"done")
+    except OSError as e:
+        raise RestoreError(f"torpor-runc's front end went away while runc restore ran: {e}",
+                           hint="the shim ended torpor-runc (containerd's call was cancelled "
+                           "or timed out); the restore did not complete") from None
+    return None if timed_out else value
+
+
+def _receive(channel: socket.socket, timeout_s: float | None) -> tuple[bytes, int] | None:
+    """The next packet (kind, number); None when `timeout_s` passed first."""
+    if timeout_s is not None:
+        ready, _, _ = select.select([channel], [], [], max(timeout_s, 0.0))
+        if not ready:
+            return None
+    packet = channel.recv(MAX_PACKET)
+    if not packet:
+        raise OSError("the channel closed")
+    kind, _, number = packet.partition(b"\0")
+    try:
+        return kind, int(number)
+    except ValueError:
+        raise OSError(f"a packet that is not the front end's: {packet[:40]!r}") from None
