@@ -7,7 +7,9 @@ error or `TORPOR_NO_SERVICE=1`, and the caller runs the command in its own proce
 
 The wire (docs/service.md), newline-delimited JSON over a unix stream socket:
   client -> service: {"program", "argv", "env", "cwd", "umask"} with fds 0, 1, 2 attached
-                  (SCM_RIGHTS); program is "torpor" or "torpor-runc"
+                  (SCM_RIGHTS); program is "torpor" or "torpor-runc" (or, from torpor-runc's
+                  compiled front end, "torpor-runc-served": its restore, with a fourth fd,
+                  the channel of torpor/shim/served.py)
   service -> client: {"accepted": true} or {"refused": MESSAGE}, then {"pid": N}, then
                   {"exit": STATUS} (from the child itself, or from the service for a child
                   killed by a signal: 128 + the signal)
@@ -29,7 +31,10 @@ if TYPE_CHECKING:
 
 MAX_MESSAGE = 1 << 20
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-PROGRAMS = ("torpor", "torpor-runc")   # what a service's child runs: the CLI, or torpor-runc
+# what a service's child runs: the CLI, torpor-runc, or torpor-runc's restore whose caller runs
+# runc (the compiled front end, with its channel as a fourth fd: torpor/shim/served.py)
+PROGRAMS = ("torpor", "torpor-runc", "torpor-runc-served")
+SERVED_RUNC = "torpor-runc-served"
 
 
 class ProtocolError(Exception):

@@ -21,6 +21,7 @@ import pytest
 
 from torpor import handoff
 from torpor.runtime_config.launchers import compile_frontend
+from torpor.shim import served
 
 ODD = 'quote " backslash \\ newline \n tab \t bell \x07 del \x7f é € 😀'
 
@@ -45,6 +46,7 @@ class Service:
     connections: int = 0
     sleeper: subprocess.Popen[bytes] | None = None
     ran: list[bytes] = field(default_factory=list)
+    codes: list[int | None] = field(default_factory=list)
     fds: int = 0
 
     def serve(self, listener: socket.socket) -> None:
@@ -70,7 +72,8 @@ class Service:
                 conn.sendall(handoff.encode({"accepted": True}) + handoff.encode({"pid": 1}))
                 with socket.socket(fileno=os.dup(fds[3])) as channel:
                     status = self.runs(channel)
-                conn.sendall(handoff.encode({"exit": status}))
+                if status >= 0:
+                    conn.sendall(handoff.encode({"exit": status}))
                 return
             if self.mode == "refuse":
                 conn.sendall(handoff.encode({"refused": "torpord: not today " + "x" * 300}))
@@ -92,21 +95,28 @@ class Service:
 
 
     def runs(self, channel: socket.socket) -> int:
-        """What torpor/shim/served.py does: ask the front end to run a process, see its pid and
-        exit status (and kill it, past a deadline), then let it be reaped."""
-        script = 'echo "$PPID" > "$OUT"; exit 3' if self.mode == "run" else "exec sleep 30"
-        argv, env = ["/bin/sh", "-c", script], [f"OUT={self.path}.ppid", "LANG=é"]
-        channel.sendall(b"\0".join([b"run", b"3", *(a.encode() for a in argv), b"2",
-                                     *(e.encode() for e in env)]) + b"\0")
-        kind, _, pid = channel.recv(100).partition(b"\0")
-        assert kind == b"pid"
-        if self.mode == "deadline":
-            time.sleep(0.3)
-            assert Path(f"/proc/{int(pid)}").exists()   # running until killed here
-            os.kill(int(pid), signal.SIGKILL)
-        self.ran.append(channel.recv(100))
-        assert Path(f"/proc/{int(pid)}").exists()   # ended, but not reaped before "done"
-        channel.sendall(b"done")
+        """torpord's child's side, torpor/shim/served.py itself: the front end runs a process
+        and reports its status; past a deadline served.py kills it by its pid."""
+        if self.mode == "child dies":   # the request, then the child is gone before it is read
+            channel.sendall(b"\0".join([b"run", b"4", b"/bin/sh", b"-c", b'touch "$1"', b"sh",
+                                         f"{self.path}.ran".encode(), b"0"]) + b"\0")
+            return -1
+        if self.mode == "channel closes":   # the child dies while the process runs
+            channel.sendall(b"\0".join([b"run", b"2", b"/bin/sleep", b"30", b"0"]) + b"\0")
+            self.ran.append(channel.recv(100))   # its pid
+            return 5
+        served.attach(os.dup(channel.fileno()))
+        try:
+            if self.mode == "deadline":
+                started = time.monotonic()
+                self.codes.append(served.run(["/bin/sh", "-c", "exec sleep 30"], 0.3))
+                assert time.monotonic() - started < 10
+            else:
+                self.codes.append(served.run(
+                    ["/bin/sh", "-c", 'echo "$PPID" > "$1"; exit 3', "sh", f"{self.path}.ppid"],
+                    None))
+        finally:
+            served.attach(None)
         return 7
 
 
@@ -292,24 +302,36 @@ def test_a_prefix_installs_config_travels_as_the_python_launchers_set_it(
     assert service.requests[0].env == {"PATH": "/bin", "TORPOR_CONFIG": str(config)}
 
 
-@pytest.mark.parametrize("mode", ["run", "deadline"])
+@pytest.mark.parametrize("mode", ["run", "deadline", "child dies", "channel closes"])
 def test_a_detached_restore_runs_runc_in_the_front_end_when_torpord_asks(
         front_end: FrontEnd, mode: str) -> None:
     """torpord's child does the restore's work; `runc restore` must run below the shim (the
-    restored init is reparented to it), so the front end runs what the child asks, with the
-    environment it gives, and reports its pid and status; past a deadline the child kills it."""
+    restored init is reparented to it), so the front end runs what the child asks (served.py)
+    as its own child and reports its status; past a deadline the child kills it by its pid. A
+    child that is gone before the front end reads its request has nothing run; one that dies
+    while the process runs has it killed (nobody would supervise it)."""
     front_end.service.mode = mode
     proc = subprocess.Popen([str(front_end.runc), "restore", "--detach", "--bundle", "/b", "c1"],
                             env=front_end.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 7, err
-    assert front_end.service.fds == 4
+    service = front_end.service
+    assert service.fds == 4 and service.requests[0].program == "torpor-runc-served"
     if mode == "run":   # the process ran as the front end's child, its status came back
-        assert front_end.service.ran == [b"ran\x003"]
-        assert Path(f"{front_end.service.path}.ppid").read_text().strip() == str(proc.pid)
+        assert (proc.returncode, service.codes) == (7, [3]), err
+        assert Path(f"{service.path}.ppid").read_text().strip() == str(proc.pid)
+    elif mode == "deadline":
+        assert (proc.returncode, service.codes) == (7, [None]), err
+    elif mode == "child dies":
+        assert proc.returncode == 1 and "torpord closed the connection" in err, err
+        time.sleep(0.5)
+        assert not Path(f"{service.path}.ran").exists()
     else:
-        assert front_end.service.ran == [b"ran\x00-9"]
+        assert proc.returncode == 5, err
+        (kind, _, pid) = service.ran[0].partition(b"\0")
+        assert kind == b"pid"
+        with pytest.raises(ProcessLookupError):   # killed, and reaped by the front end
+            os.kill(int(pid), 0)
     # a restore in the foreground, and any restore without torpord, runs in Python
     assert front_end.run(front_end.runc, "restore", "c1").stdout == \
         "python ran torpor-runc.py self\n"

@@ -47,13 +47,16 @@ def run(conn: socket.socket, fds: list[int], argv: list[str], env: dict[str, str
             os.close(fd)
         if len(fds) == 4:   # torpor-runc's restore: runc runs in the caller (shim/served.py)
             served.attach(fds[3])
+            for signum in handoff.FORWARDED_SIGNALS:   # ends through the channel, cleaned up
+                signal.signal(signum, signal.SIG_IGN)
         os.umask(umask)
         os.environ.clear()
         os.environ.update(env)
         sys.argv = list(argv)
         sys.stdin, sys.stdout, sys.stderr = _stream(0, False), _stream(1, True), _stream(2, True)
         os.chdir(cwd)
-        status = runtime_main(in_service=True) if program == "torpor-runc" else cli_main()
+        status = runtime_main(in_service=True) if program.startswith("torpor-runc") \
+            else cli_main()
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else 1
     except BaseException as e:  # the child reports every failure, then exits

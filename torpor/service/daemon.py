@@ -39,6 +39,7 @@ from torpor.ops.schedule_book import Book, Entry
 from torpor.service import child, peer
 from torpor.service.lazy_metrics import LazyRestores
 from torpor.service.metrics import Metrics, command_of, exit_status
+from torpor.shim.argv import subcommand
 
 
 class Stop(Exception):
@@ -135,15 +136,18 @@ class Service:
             conn.close()
             return None
         conn.settimeout(10)
-        data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 4)
+        data, fds, flags, _addr = socket.recv_fds(conn, 65536, 5)
         try:
             line = handoff.LineReader(conn, data).line()
-            if line is None or len(fds) not in (3, 4):
+            if line is None or flags & socket.MSG_CTRUNC or len(fds) not in (3, 4):
                 raise handoff.ProtocolError("a request needs one line and fds 0, 1 and 2")
             program, argv, env, cwd, umask = handoff.parse_request(handoff.decode(line))
-            if len(fds) == 4 and not (program == "torpor-runc" and _is_socket(fds[3])):
-                raise handoff.ProtocolError("only torpor-runc's restore hands over a fourth fd, "
-                                            "its channel (a socket)")
+            served = program == handoff.SERVED_RUNC
+            if served != (len(fds) == 4) or (served and not (
+                    subcommand(argv) == "restore" and _is_seqpacket(fds[3]))):
+                raise handoff.ProtocolError(f"{handoff.SERVED_RUNC} is torpor-runc's restore, "
+                                            "with its channel (a SOCK_SEQPACKET socket) as a "
+                                            "fourth fd; nothing else hands one over")
             conn.settimeout(None)
             conn.sendall(handoff.encode({"accepted": True}))
         except BaseException:
@@ -270,10 +274,13 @@ class Service:
 SCHEDULE_TICK_S = 1.0   # how often the book is read for rounds due
 
 
-def _is_socket(fd: int) -> bool:
+def _is_seqpacket(fd: int) -> bool:
     import stat
 
-    return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return False
+    with socket.socket(fileno=os.dup(fd)) as channel:
+        return channel.type == socket.SOCK_SEQPACKET
 
 
 def read_report(fd: int) -> bytes:

@@ -19,7 +19,7 @@ BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 def command_of(argv: list[str], program: str = "torpor") -> str:
     """The verb of a `torpor` command line ("other" for none or an unknown one); torpor-runc's
     as "torpor-runc checkpoint"."""
-    if program == "torpor-runc":
+    if program.startswith("torpor-runc"):   # its restore included (torpor-runc-served)
         return f"torpor-runc {subcommand(argv) or 'other'}"
     args = iter(argv[1:])
     for arg in args:

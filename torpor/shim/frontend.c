@@ -41,6 +41,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -693,14 +694,19 @@ static int next_line(struct lines *in, char *out, size_t size) {
     return 1;
 }
 
+static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP};  /* = handoff.FORWARDED_SIGNALS */
 static volatile sig_atomic_t service_child;  /* the pid of torpord's child running the command */
 static volatile sig_atomic_t runtime_child;  /* the runc this process runs for that child */
+static volatile sig_atomic_t terminating;    /* a forwarded signal came: start nothing more */
 
 static void forward(int signum) {
+    int saved = errno;
+    terminating = 1;
     if (service_child > 0)
         kill((pid_t)service_child, signum);
     if (runtime_child > 0)  /* as PR_SET_PDEATHSIG would, were this process ended by it */
         kill((pid_t)runtime_child, SIGKILL);
+    errno = saved;
 }
 
 /*
@@ -746,9 +752,50 @@ static char **field_list(char *packet, size_t len, size_t *at) {
     return list;
 }
 
-/* One request from the channel, run and reported: 1, or 0 when the channel ended. */
+/* Whether the other end of `fd` hung up (or the socket failed). */
+static int hung_up(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Until `pid` (this process's child) ends, left unreaped; SIGKILL for it when the channel's
+ * other end goes away first (the supervisor of this runc is gone: as its PR_SET_PDEATHSIG
+ * would, were it that process's child). Its exit status; -SIGNAL for a signal. */
+static long wait_supervised(pid_t pid, int channel) {
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int killed = 0;
+    siginfo_t info;
+    for (;;) {
+        if (!killed && (terminating || hung_up(channel))) {
+            kill(pid, SIGKILL);
+            killed = 1;
+        }
+        if (pidfd >= 0) {  /* the runtime's end, or (until it is killed) the channel's */
+            struct pollfd ready[2] = {{.fd = pidfd, .events = POLLIN},
+                                      {.fd = channel, .events = POLLRDHUP}};
+            if (poll(ready, killed ? 1 : 2, -1) < 0 || !ready[0].revents)
+                continue;
+        }
+        memset(&info, 0, sizeof info);
+        if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0)
+            break;
+        if (errno != EINTR) {  /* (SIGCHLD ignored by whoever ran this: reset in handoff) */
+            info.si_code = CLD_EXITED;
+            info.si_status = 255;
+            break;
+        }
+    }
+    if (pidfd >= 0)
+        close(pidfd);
+    return info.si_code == CLD_EXITED ? info.si_status : -info.si_status;
+}
+
+/* One request from the channel, run and reported: 1, or 0 when the channel ended. Never once
+ * the other end is gone or a signal came: nobody would supervise the runtime. */
 static int run_for_service(int channel) {
     ssize_t size;
+    if (terminating || hung_up(channel))
+        return 0;
     do
         size = recv(channel, NULL, 0, MSG_PEEK | MSG_TRUNC);
     while (size < 0 && errno == EINTR);
@@ -770,9 +817,18 @@ static int run_for_service(int channel) {
         free(packet);
         return 0;  /* not what the other end sends: the channel is done */
     }
+    /* no forwarded signal between the fork and runtime_child: forward() kills what it names */
+    sigset_t forwarded, before;
+    sigemptyset(&forwarded);
+    for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
+        sigaddset(&forwarded, FORWARDED[i]);
+    sigprocmask(SIG_BLOCK, &forwarded, &before);
     pid_t parent = getpid();
-    pid_t pid = fork();
+    pid_t pid = terminating ? -1 : fork();
     if (pid == 0) {
+        for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
+            signal(FORWARDED[i], SIG_DFL);
+        sigprocmask(SIG_SETMASK, &before, NULL);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(137);  /* this process ended before the line above */
@@ -780,21 +836,17 @@ static int run_for_service(int channel) {
         fprintf(stderr, "torpor-runc: cannot run %s: %s\n", args[0], strerror(errno));
         _exit(127);
     }
+    if (pid > 0)
+        runtime_child = pid;
+    sigprocmask(SIG_SETMASK, &before, NULL);
     free(args);
     free(env);
     free(packet);
     long code = 127;  /* it could not be started: said as an exit status, with no pid */
     if (pid > 0) {
-        runtime_child = pid;
         send_packet(channel, "pid", pid);
-        siginfo_t info;
-        for (;;) {
-            memset(&info, 0, sizeof info);
-            if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOWAIT) == 0 || errno != EINTR)
-                break;
-        }
+        code = wait_supervised(pid, channel);
         runtime_child = 0;
-        code = info.si_code == CLD_EXITED ? info.si_status : -info.si_status;
     }
     char done[8];
     if (send_packet(channel, "ran", code)) {
@@ -807,7 +859,8 @@ static int run_for_service(int channel) {
     return 1;
 }
 
-/* The command's exit status, from the service's lines, running what the channel asks. */
+/* The command's exit status, from the service's lines, running what the channel asks (after
+ * the lines already there: an exit among them ends it, and nothing more runs). */
 static int follow(struct lines *in, int channel, const char *program) {
     char line[256];
     for (;;) {
@@ -820,17 +873,24 @@ static int follow(struct lines *in, int channel, const char *program) {
         }
         struct pollfd ready[2] = {{.fd = in->sock, .events = POLLIN},
                                   {.fd = channel, .events = POLLIN}};
-        if (poll(ready, channel >= 0 ? 2 : 1, -1) < 0)
-            continue;  /* a signal */
+        if (poll(ready, channel >= 0 ? 2 : 1, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "%s: error: waiting for torpord: %s\n", program, strerror(errno));
+            return 1;
+        }
+        if (ready[0].revents) {
+            if (receive_more(in) == 0) {
+                fprintf(stderr, "%s: error: torpord closed the connection while the command "
+                                "ran (pid %d); its output above is all there is\n",
+                        program, (int)service_child);
+                return 1;
+            }
+            continue;  /* its lines first */
+        }
         if (channel >= 0 && ready[1].revents && !run_for_service(channel)) {
             close(channel);
             channel = -1;
-        }
-        if (ready[0].revents && receive_more(in) == 0) {
-            fprintf(stderr, "%s: error: torpord closed the connection while the command ran "
-                            "(pid %d); its output above is all there is\n",
-                    program, (int)service_child);
-            return 1;
         }
     }
 }
@@ -839,7 +899,6 @@ static int follow(struct lines *in, int channel, const char *program) {
  * runc restore, which the service's child runs through a channel to this process. */
 static int handoff(const struct frontend_config *cfg, const char *program, int argc,
                    char **argv, const char *argv0, int served) {
-    static const int FORWARDED[] = {SIGINT, SIGTERM, SIGHUP};  /* = handoff.FORWARDED_SIGNALS */
     static struct lines in;
     const char *off = getenv("TORPOR_NO_SERVICE");
     if ((off && strcmp(off, "1") == 0) || !cfg->socket_plain || !cfg->socket[0])
@@ -877,6 +936,8 @@ static int handoff(const struct frontend_config *cfg, const char *program, int a
     sigemptyset(&action.sa_mask);
     for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
         sigaction(FORWARDED[i], &action, NULL);
+    if (served)
+        signal(SIGCHLD, SIG_DFL);  /* runc's status is waited for (an inherited SIG_IGN) */
     return follow(&in, pair[0], program);
 }
 
@@ -954,8 +1015,10 @@ int main(int argc, char **argv) {
         /* = torpor/shim/main.py's SERVED; runc leading back here is said in words there */
         int restore = strcmp(argv[command], "restore") == 0;
         if (plain && !getenv(MARKER) && (!restore || detached(argc, argv, command))) {
-            int status = handoff(&cfg, "torpor-runc", argc, argv, self[0] ? self : argv[0],
-                                 restore);
+            /* a restore is "torpor-runc-served", which a torpord older than the channel
+             * refuses (it would run runc itself, below torpord) */
+            int status = handoff(&cfg, restore ? "torpor-runc-served" : "torpor-runc", argc,
+                                 argv, self[0] ? self : argv[0], restore);
             if (status >= 0)
                 return status;
         }

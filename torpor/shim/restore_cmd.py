@@ -225,7 +225,11 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
     limit = deadlines.budget(ctx.cfg.restore_timeout_s, deadlines.tree_bytes(image_path)) \
         if inv.has("detach", "d") and ctx.cfg.restore_timeout_s > 0 else None
     if served.active():
-        code = served.run([ctx.runtime, *argv[1:]], limit)
+        try:
+            code = served.run([ctx.runtime, *argv[1:]], limit)
+        except served.FrontEndGone:
+            _remove_half_restored(ctx)
+            raise
     elif limit is None:
         if plain:
             lowlevel.exec_runtime(ctx.runtime, argv)
@@ -233,10 +237,11 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
     else:
         code = runc.run_within(ctx.runtime, argv, limit)
     if code is not None:
+        if code < 0:   # runc killed (a signal its caller forwarded): nothing of it stays
+            _remove_half_restored(ctx)
         return code
     assert limit is not None
-    runc.delete_force(ctx.runtime, inv, inv.container_id or "")
-    deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
+    _remove_half_restored(ctx)
     log = os.path.join(inv.flag("work-path") or image_path, "restore.log")
     last = criu_log.last_lines(log)
     raise DeadlineExceeded(
@@ -245,6 +250,17 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
         + (f"; CRIU's last lines: {' | '.join(last)}" if last else ""),
         hint=f"CRIU's log: {log}; [restore] timeout_s sets the deadline (plus "
         f"{deadlines.PER_GIB_S:.0f} s per GiB of CRIU images)")
+
+
+def _remove_half_restored(ctx: Context) -> None:
+    """What a killed `runc restore` left: the container runc made (its processes, cgroup and
+    state) and CRIU's cgroup yards."""
+    from torpor.capture import deadlines
+
+    inv = ctx.inv
+    runc.delete_force(ctx.runtime, inv, inv.container_id or "")
+    image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
+    deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
 
 
 def granting_work_dir(ctx: Context) -> str | None:

@@ -31,9 +31,20 @@ MAX_PACKET = 1 << 20
 _channel: socket.socket | None = None
 
 
-def attach(fd: int) -> None:
-    """The channel torpord's child got with the request (torpor.service.child)."""
+class FrontEndGone(RestoreError):
+    """The channel ended before runc's status came: the front end (and so runc, which dies with
+    it) is gone, or it refused to start runc because its caller is going away."""
+
+
+def attach(fd: int | None) -> None:
+    """The channel torpord's child got with the request (torpor.service.child, which also has
+    the child end through the channel rather than by SIGTERM: a front end that goes away or is
+    told to stop is seen there, and what runc left is removed before the child exits)."""
     global _channel
+    if fd is None:
+        _channel = None
+        return
+    os.set_inheritable(fd, False)   # never runc's, when this child execs it (help, errors)
     _channel = socket.socket(fileno=fd)
 
 
@@ -44,7 +55,8 @@ def active() -> bool:
 def run(argv: list[str], limit_s: float | None) -> int | None:
     """Run `argv` (the runtime's path first) in the front end, with this process's
     environment: its exit status (negative: killed by that signal), or None past `limit_s`,
-    when runc and everything it started were killed (as torpor.shim.runc.run_within)."""
+    when runc and everything it started were killed (as torpor.shim.runc.run_within).
+    FrontEndGone when the front end went away first."""
     channel = _channel
     assert channel is not None
     env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
@@ -65,24 +77,27 @@ def run(argv: list[str], limit_s: float | None) -> int | None:
 
                 deadlines.kill_tree(pid)   # unreaped by the front end: the pid is still runc's
                 ran = _receive(channel, KILLED_WAIT_S)
-            if ran is None or ran[0] != b"ran":
-                raise RestoreError(f"runc restore (pid {pid}) did not end after it was killed")
+                if ran is None:   # not seen to end: what is left is removed all the same
+                    return None
+            if ran[0] != b"ran":
+                raise OSError(f"the front end answered {ran[0]!r} for runc's status")
             value = ran[1]
         elif kind != b"ran":
-            raise RestoreError(f"torpor-runc's front end answered {kind!r} to run runc")
+            raise OSError(f"the front end answered {kind!r} to run runc")
         channel.sendall(b"done")
     except OSError as e:
-        raise RestoreError(f"torpor-runc's front end went away while runc restore ran: {e}",
+        raise FrontEndGone(f"torpor-runc's front end went away while runc restore ran: {e}",
                            hint="the shim ended torpor-runc (containerd's call was cancelled "
-                           "or timed out); the restore did not complete") from None
+                           "or timed out); what runc restored was removed") from None
     return None if timed_out else value
 
 
 def _receive(channel: socket.socket, timeout_s: float | None) -> tuple[bytes, int] | None:
     """The next packet (kind, number); None when `timeout_s` passed first."""
     if timeout_s is not None:
-        ready, _, _ = select.select([channel], [], [], max(timeout_s, 0.0))
-        if not ready:
+        waiting = select.poll()
+        waiting.register(channel, select.POLLIN)
+        if not waiting.poll(max(timeout_s, 0.0) * 1000):
             return None
     packet = channel.recv(MAX_PACKET)
     if not packet:
