@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 
 from torpor.errors import RestoreError
 
@@ -75,7 +76,8 @@ def run(argv: list[str], limit_s: float | None) -> int | None:
                 timed_out = True
                 from torpor.capture import deadlines
 
-                deadlines.kill_tree(pid)   # unreaped by the front end: the pid is still runc's
+                if _parent_of(pid) == _front_end_pid(channel):   # still runc (unreaped)
+                    deadlines.kill_tree(pid)
                 ran = _receive(channel, KILLED_WAIT_S)
                 if ran is None:   # not seen to end: what is left is removed all the same
                     return None
@@ -107,3 +109,20 @@ def _receive(channel: socket.socket, timeout_s: float | None) -> tuple[bytes, in
         return kind, int(number)
     except ValueError:
         raise OSError(f"a packet that is not the front end's: {packet[:40]!r}") from None
+
+
+def _front_end_pid(channel: socket.socket) -> int:
+    """The process that made the channel (SO_PEERCRED of a socketpair): the front end."""
+    pid, _uid, _gid = struct.unpack("3i", channel.getsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_PEERCRED, 12))
+    return int(pid)
+
+
+def _parent_of(pid: int) -> int | None:
+    """`pid`'s parent, None when there is no such process: a pid whose parent is not the front
+    end is no longer runc (the front end died, runc was reaped elsewhere, the pid reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
