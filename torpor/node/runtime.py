@@ -18,7 +18,7 @@ import os
 import shutil
 import socket
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from torpor.formats.metadata import RuntimeInfo
@@ -111,3 +111,13 @@ def gather(address: str, runtime: RuntimeInfo) -> NodeFacts:
     """This node's facts, with the runc and CRIU versions of the runtime containerd runs."""
     found = tools(address, runtime)
     return facts.gather(versions=(found.runc_version, found.criu_version))
+
+
+def gather_ahead(address: str, runtime: RuntimeInfo) -> Future[NodeFacts]:
+    """`gather` on a thread of its own, started now: the versions are asked of runc and CRIU
+    (~10 ms of their start-up) while the caller goes on, and waited for where they are used."""
+    one = ThreadPoolExecutor(1, thread_name_prefix="torpor-node-facts")
+    try:
+        return one.submit(gather, address, runtime)
+    finally:
+        one.shutdown(wait=False)   # the thread ends with its one call

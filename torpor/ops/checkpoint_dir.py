@@ -40,6 +40,7 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
                      directory: str, progress: Progress, started: float) -> CheckpointMetadata:
     """Steps 3 to 6 into the empty directory `directory`."""
     record = container.record
+    node = runtime_tools.gather_ahead(txn.client.address, container.runtime)   # for step 6
     criu_dir = os.path.join(directory, names.CRIU_DIR)
     os.makedirs(criu_dir, mode=0o700)
     # 3. the request for torpor-runc
@@ -76,7 +77,7 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
             labels=dict(record.labels), snapshotter=record.snapshotter,
             snapshot_key=record.snapshot_key),
         image=container.image, request=request,
-        node=runtime_tools.gather(txn.client.address, container.runtime), state=state,
+        node=node.result(), state=state,
         sizes=Sizes(
             memory_pages=sum(f.size for f in files
                              if os.path.basename(f.path).startswith("pages-")),

@@ -47,6 +47,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -217,6 +218,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     keys = options.decryption_keys    # and, for an encrypted image, the node's (keys_for)
     if options.name is not None:   # before anything is read or downloaded
         name_free(client, options.name)
+    node = this_node_ahead(client, options)   # asked while the checkpoint is read
     kind = kind_of(source, store)
     if options.lazy and kind in (SourceKind.DIRECTORY, SourceKind.KUBE_ARCHIVE):
         raise RestoreError(f"{source} cannot be restored lazily: only a checkpoint image "
@@ -228,7 +230,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         with _deadline(cfg, f"reading the checkpoint {os.path.abspath(source)}"):
             metadata = checkpoint_dir.load(source, max_files=limits.max_files)
         name_free(client, options.name or metadata.container.id)
-        compat.check(metadata, cfg, this_node(client, options))
+        compat.check(metadata, cfg, node.result())
         approved = approve(metadata, options, cfg, client.namespace, claims)
         moved.local = metadata.sizes.total
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
@@ -259,7 +261,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 image = image_of_plan(plan, limits)
                 name_free(client, options.name or image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
-                compat.check(image.metadata, cfg, this_node(client, options))
+                compat.check(image.metadata, cfg, node.result())
                 keys = keys_for(image, options, cfg)
                 unpack.check_keys(image, keys)
                 check_download_space(plan, cfg)
@@ -309,7 +311,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                 layout = source
             image = unpack.open_layout(layout, limits=limits)
             name_free(client, options.name or image.metadata.container.id)
-            compat.check(image.metadata, cfg, this_node(client, options))
+            compat.check(image.metadata, cfg, node.result())
             keys = keys_for(image, options, cfg)
             unpack.check_keys(image, keys)
             # 3. the policy, on the whole metadata (an encrypted checkpoint's, decrypted)
@@ -417,11 +419,13 @@ def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOpti
     return LazyMemory(here, remote, download)
 
 
-def this_node(client: Client, options: RestoreOptions) -> NodeFacts:
+def this_node_ahead(client: Client, options: RestoreOptions) -> Future[NodeFacts]:
     """This node as the restored container's runtime sees it: the runc and CRIU that the shim
-    runs through this restore's torpor-runc, on containerd's PATH (node/runtime.py)."""
+    runs through this restore's torpor-runc, on containerd's PATH (node/runtime.py); asked on
+    a thread of its own, from now."""
     binary = options.runtime_binary or default_runtime_binary()
-    return runtime_tools.gather(client.address, RuntimeInfo(runc_runtime.RUNC_SHIM, binary))
+    return runtime_tools.gather_ahead(client.address,
+                                      RuntimeInfo(runc_runtime.RUNC_SHIM, binary))
 
 
 def name_free(client: Client, name: str) -> None:
