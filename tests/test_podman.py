@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import tarfile
 from collections.abc import Callable, Iterator
@@ -22,6 +23,8 @@ from torpor.formats import state as container_state
 
 from .support.netns import NetNS
 from .support.podman import Podman
+from .support.processes import free_port
+from .support.torpord import Host, Torpord
 from .support.workload import COUNTER
 
 pytestmark = pytest.mark.real
@@ -84,6 +87,35 @@ def test_checkpoint_and_restore_on_this_node_keep_the_state(podman: MakePodman) 
     assert resumed >= before  # from where it was, not from zero
     pm.wait_counter_above("web", resumed + 3)
     assert pm("exec", "web", "cat", "/root/f").stdout == "kept\n"
+
+
+def test_checkpoint_and_restore_through_torpord(podman: MakePodman, torpor_bin: Path,
+                                                tmp_path: Path) -> None:
+    """With torpord on the node, torpor-runc hands Podman's checkpoint and its restore to it
+    (the metrics count both); the restore's runc runs below conmon, which sees the restored
+    container end when Podman stops it; the state is kept."""
+    pm = podman()
+    sock, port = pm.root / "torpord.sock", free_port()
+    pm.set_policy(f'[service]\nsocket = "{sock}"\nmetrics = "127.0.0.1:{port}"\n')
+    torpord = Torpord(Host(torpor_bin, {"PATH": os.environ["PATH"],
+                                        "TORPOR_CONFIG": str(pm.config)}),
+                      sock, port, tmp_path / "torpord.log").start()
+    try:
+        pm.run("web", f"echo kept > /root/f; {COUNTER}")
+        before = pm.wait_counter_above("web", 10)
+        pm("container", "checkpoint", "web")
+        pm("container", "restore", "web")
+        assert pm.state("web") == "running"
+        resumed = pm.counter("web")
+        assert resumed >= before
+        pm.wait_counter_above("web", resumed + 3)
+        assert pm("exec", "web", "cat", "/root/f").stdout == "kept\n"
+        assert torpord.count("torpor-runc checkpoint") == 1, torpord.metrics_text()
+        assert torpord.count("torpor-runc restore") == 1, torpord.metrics_text()
+        pm("stop", "-t", "1", "web")   # conmon, the restored init's reaper, sees it end
+        assert pm.state("web") == "exited"
+    finally:
+        torpord.stop()
 
 
 def test_restore_into_podmans_new_network_namespace(podman: MakePodman) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,10 +18,19 @@ from .containerd import Node
 from .processes import wait_for
 
 
+@dataclass(frozen=True)
+class Host:
+    """Where torpord runs when no containerd test node is (Podman's tests): its launchers and
+    environment (TORPOR_CONFIG naming the node's configuration)."""
+    bin_dir: Path
+    env: dict[str, str]
+
+
 class Torpord:
     """torpord on the node's configuration, started and stopped by pid."""
 
-    def __init__(self, node: Node, socket_path: Path, metrics_port: int, log: Path) -> None:
+    def __init__(self, node: Node | Host, socket_path: Path, metrics_port: int,
+                 log: Path) -> None:
         self.node, self.socket, self.port, self.log = node, socket_path, metrics_port, log
         self.proc: subprocess.Popen[bytes] | None = None
 
