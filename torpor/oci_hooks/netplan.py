@@ -2,8 +2,10 @@
 setup-namespaces step, before CRIU binds sockets again.
 
 Almost every plan is "bring lo up" (the kernel gives lo 127.0.0.1/8 and ::1 as it comes up),
-and that runs inside CRIU's restore, so it is done here with the standard library: setns(2) into
-the restored init's namespace and one RTM_NEWLINK over rtnetlink. Plans with more (addresses on
+and that runs inside CRIU's restore. The compiled torpor-hook (torpor/shim/frontend.c) does that
+plan itself, without starting Python; here, where it could not (no C compiler at install, an
+OCI state it does not read plainly), it is done with the standard library: setns(2) into the
+restored init's namespace and one RTM_NEWLINK over rtnetlink. Plans with more (addresses on
 lo, routes) go to torpor.capture.netns, which uses pyroute2.
 """
 

@@ -15,7 +15,10 @@ no compiler), which runs containerd's runc v2 shim with a PATH whose `runc` is t
 
 `torpor`, the CLI, is the same front end under that name where it compiled: it hands each
 command to torpord (torpor.handoff's wire) without starting Python, ~15 ms less per command,
-and runs the CLI's Python launcher (lib/torpor.py) where torpord does not answer.
+and runs the CLI's Python launcher (lib/torpor.py) where torpord does not answer. So is
+`torpor-hook`: its createRuntime brings a restored namespace's lo up itself when that is the
+whole plan (nearly every restore), inside CRIU's restore, and runs lib/torpor-hook.py for
+everything else.
 """
 
 from __future__ import annotations
@@ -94,10 +97,11 @@ def _c_string(text: str) -> str:
 
 
 def compile_frontend(out: str, python: str, script: str, runc_dir: str = "",
-                     shim: str = "", config: str = "", cli: str = "") -> bool:
+                     shim: str = "", config: str = "", cli: str = "", hook: str = "") -> bool:
     """Build torpor-runc's front end at `out` (also the shim launcher under that name, with
-    `runc_dir` and the runc shim found at install, and the CLI's entry under the name `torpor`,
-    with `cli` its Python launcher); False when there is no working C compiler."""
+    `runc_dir` and the runc shim found at install; the CLI's entry under the name `torpor`,
+    with `cli` its Python launcher; torpor-hook under that name, with `hook` its Python
+    launcher); False when there is no working C compiler."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return False
@@ -110,6 +114,7 @@ def compile_frontend(out: str, python: str, script: str, runc_dir: str = "",
                     f"#define TORPOR_RUNC_DIR {_c_string(runc_dir)}\n"
                     f"#define TORPOR_SHIM {_c_string(shim)}\n"
                     f"#define TORPOR_CLI {_c_string(cli)}\n"
+                    f"#define TORPOR_HOOK {_c_string(hook)}\n"
                     + (f"#define DEFAULT_CONFIG {_c_string(config)}\n" if config else ""))
         binary = os.path.join(build, "torpor-runc")
         # static where the C library allows it: no dynamic loader on every container operation
@@ -149,21 +154,24 @@ def install(bin_dir: str, lib_dir: str | None = None, python: str | None = None,
     # torpor-runc: the compiled front end, with its Python program beside the runc directory;
     # the CLI's Python launcher goes there too, where the front end is `torpor`
     script = os.path.join(os.path.dirname(runc_dir), "torpor-runc.py")
-    cli = os.path.join(os.path.dirname(runc_dir), "torpor.py")
+    lib = os.path.dirname(runc_dir)
+    cli, hook = os.path.join(lib, "torpor.py"), os.path.join(lib, "torpor-hook.py")
     os.makedirs(runc_dir, exist_ok=True)
     os.replace(written["torpor-runc"], script)
     written["torpor-runc.py"] = script
-    shutil.copy2(written["torpor"], cli + ".tmp")
-    os.replace(cli + ".tmp", cli)
+    for name, launcher in (("torpor", cli), ("torpor-hook", hook)):
+        shutil.copy2(written[name], launcher + ".tmp")
+        os.replace(launcher + ".tmp", launcher)
     shim = find_runc_shim()
     compiled = compile_frontend(written["torpor-runc"], python, script, runc_dir, shim, config,
-                                cli)
+                                cli, hook)
     if not compiled:
         shutil.copy2(script, written["torpor-runc"])
-    else:   # `torpor`: the front end under that name, which hands commands to torpord
-        shutil.copy2(written["torpor-runc"], written["torpor"] + ".tmp")
-        os.replace(written["torpor"] + ".tmp", written["torpor"])
-        written["torpor.py"] = cli
+    else:   # `torpor` (hands commands to torpord) and `torpor-hook`: the front end again
+        for name, launcher in (("torpor", cli), ("torpor-hook", hook)):
+            shutil.copy2(written["torpor-runc"], written[name] + ".tmp")
+            os.replace(written[name] + ".tmp", written[name])
+            written[f"{name}.py"] = launcher
     link = os.path.join(runc_dir, "runc")
     if os.path.lexists(link):
         os.unlink(link)

@@ -32,12 +32,18 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -61,8 +67,19 @@
 #ifndef TORPOR_CLI
 #define TORPOR_CLI ""  /* the CLI's Python launcher; "" where this binary is not installed as it */
 #endif
+#ifndef TORPOR_HOOK
+#define TORPOR_HOOK ""  /* torpor-hook's Python launcher; "" where not installed as torpor-hook */
+#endif
 #define SHIM_NAME "containerd-shim-torpor-v2"
 #define CLI_NAME "torpor"
+#define HOOK_NAME "torpor-hook"
+/* = torpor/oci_hooks/main.py's DEFAULT_STATE_DIR, torpor/formats/names.py's RECORDS_DIR and
+ * RESTORE_PLAN, and what torpor.capture.netns.write_restore_plan writes for a plan that only
+ * brings lo up (tests/unit/test_frontend_hook.py holds them equal) */
+#define HOOK_STATE_DIR "/run/torpor"
+#define RECORDS_DIR "containers"
+#define RESTORE_PLAN "restore-net.json"
+#define LO_ONLY_PLAN "{\"up\": [\"lo\"], \"addresses\": [], \"routes\": []}"
 #define DEFAULT_SOCKET "/run/torpor/torpord.sock"  /* = torpor/config.py's [service] socket */
 #define RUNC_SHIM "containerd-shim-runc-v2"
 
@@ -974,6 +991,259 @@ static int cli(int argc, char **argv) {
     return 127;
 }
 
+/*
+ * torpor-hook's createRuntime, for what nearly every restore asks: runc runs it at CRIU's
+ * setup-namespaces step, and where the plan torpor-runc left only brings lo up, this brings it
+ * up (setns into the restored init's network namespace, one RTM_NEWLINK) without starting
+ * Python. Everything else (other hooks, other plans, an OCI state this file does not read
+ * plainly) goes to the Python hook (TORPOR_HOOK), with the state it read handed on as its stdin.
+ */
+struct oci_state {
+    char id[256], bundle[PATH_MAX];
+    long pid;
+};
+
+static const char *json_ws(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* A string at p without escapes into out (NULL out: skipped, escapes allowed); after it, or
+ * NULL. */
+static const char *json_string(const char *p, char *out, size_t size) {
+    if (*p++ != '"')
+        return NULL;
+    size_t n = 0;
+    for (; *p != '"'; p++) {
+        if (!*p || (unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\') {
+            if (out || !p[1])
+                return NULL;  /* an escape in a value this file reads: Python reads it */
+            p++;
+            continue;
+        }
+        if (out) {
+            if (n + 1 >= size)
+                return NULL;
+            out[n++] = *p;
+        }
+    }
+    if (out)
+        out[n] = '\0';
+    return p + 1;
+}
+
+/* Any JSON value at p, skipped; after it, or NULL. */
+static const char *json_skip(const char *p, int depth) {
+    p = json_ws(p);
+    if (*p == '"')
+        return json_string(p, NULL, 0);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        if (depth > 64)
+            return NULL;
+        p = json_ws(p + 1);
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (!(p = json_string(json_ws(p), NULL, 0)) || *(p = json_ws(p)) != ':')
+                    return NULL;
+                p++;
+            }
+            if (!(p = json_skip(p, depth + 1)))
+                return NULL;
+            p = json_ws(p);
+            if (*p == close)
+                return p + 1;
+            if (*p++ != ',')
+                return NULL;
+        }
+    }
+    const char *start = p;
+    while (*p && strchr("+-0123456789.eEtruefalsn", *p))
+        p++;
+    return p > start ? p : NULL;
+}
+
+/* The OCI state's id, bundle and pid; 0 where they are not plainly there. */
+static int read_oci_state(const char *text, struct oci_state *state) {
+    int found = 0;
+    state->pid = -1;
+    const char *p = json_ws(text);
+    if (*p++ != '{')
+        return 0;
+    for (p = json_ws(p); *p != '}';) {
+        char key[64];
+        if (!(p = json_string(p, key, sizeof key)) || *(p = json_ws(p)) != ':')
+            return 0;
+        p = json_ws(p + 1);
+        if (strcmp(key, "id") == 0) {
+            if (!(p = json_string(p, state->id, sizeof state->id)))
+                return 0;
+            found |= 1;
+        } else if (strcmp(key, "bundle") == 0) {
+            if (!(p = json_string(p, state->bundle, sizeof state->bundle)))
+                return 0;
+            found |= 2;
+        } else if (strcmp(key, "pid") == 0) {
+            char *end;
+            errno = 0;
+            state->pid = strtol(p, &end, 10);
+            if (errno || end == p || state->pid < 0)
+                return 0;
+            p = end;
+            found |= 4;
+        } else if (!(p = json_skip(p, 0))) {
+            return 0;
+        }
+        p = json_ws(p);
+        if (*p == ',')
+            p = json_ws(p + 1);
+        else if (*p != '}')
+            return 0;
+    }
+    return found == 7 && *json_ws(p + 1) == '\0';
+}
+
+/* A path as os.path.normpath leaves it: absolute, no empty, "." or ".." part, no final "/". */
+static int normal_path(const char *path) {
+    if (path[0] != '/' || path[1] == '/' || (path[1] && path[strlen(path) - 1] == '/'))
+        return 0;
+    for (const char *part = path + 1; *part; ) {
+        const char *end = strchrnul(part, '/');
+        size_t len = (size_t)(end - part);
+        if (len == 0 || (len == 1 && part[0] == '.') || (len == 2 && !strncmp(part, "..", 2)))
+            return 0;
+        part = *end ? end + 1 : end;
+    }
+    return 1;
+}
+
+static unsigned long crc32_of(const char *text) {  /* = zlib.crc32 */
+    unsigned long crc = 0xFFFFFFFFul;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        crc ^= *p;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0xEDB88320ul & (0ul - (crc & 1)));
+    }
+    return crc ^ 0xFFFFFFFFul;
+}
+
+/* The plan's path (torpor.capture.records.record_dir); 0 where the bundle is not plain. */
+static int plan_path(const char *state_dir, const struct oci_state *state, char *out,
+                     size_t size) {
+    if (!normal_path(state->bundle) || !state->id[0] || strchr(state->id, '/'))
+        return 0;
+    const char *base = strrchr(state->bundle, '/') + 1;
+    char ns[256] = "_";
+    if (strcmp(base, state->id) == 0 && base - 1 > state->bundle) {
+        const char *parent = base - 1, *start = parent;
+        while (start > state->bundle && start[-1] != '/')
+            start--;
+        if ((size_t)(parent - start) >= sizeof ns)
+            return 0;
+        snprintf(ns, sizeof ns, "%.*s", (int)(parent - start), start);
+    }
+    return snprintf(out, size, "%s/" RECORDS_DIR "/%s/%s.%08lx/" RESTORE_PLAN, state_dir, ns,
+                    state->id, crc32_of(state->bundle)) < (int)size;
+}
+
+/* lo up in pid's network namespace; 0 with errno set where it failed. */
+static int lo_up(long pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/ns/net", pid);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || setns(ns, CLONE_NEWNET) != 0)
+        return 0;
+    close(ns);
+    int sock = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (sock < 0)
+        return 0;
+    struct {
+        struct nlmsghdr header;
+        struct ifinfomsg info;
+    } request = {
+        .header = {.nlmsg_len = sizeof request, .nlmsg_type = RTM_NEWLINK,
+                   .nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK, .nlmsg_seq = 1},
+        .info = {.ifi_family = AF_UNSPEC, .ifi_index = 1, .ifi_flags = IFF_UP,
+                 .ifi_change = IFF_UP},  /* lo: index 1 in a new namespace */
+    };
+    char reply[4096];
+    if (send(sock, &request, sizeof request, 0) != (ssize_t)sizeof request ||
+        recv(sock, reply, sizeof reply, 0) < (ssize_t)(sizeof(struct nlmsghdr) + sizeof(int))) {
+        close(sock);
+        return 0;
+    }
+    close(sock);
+    struct nlmsghdr *answer = (struct nlmsghdr *)reply;
+    if (answer->nlmsg_type == NLMSG_ERROR) {
+        int error = ((struct nlmsgerr *)NLMSG_DATA(answer))->error;
+        if (error) {
+            errno = -error;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The Python hook, its stdin what this process read of its own (an anonymous file). */
+static void python_hook(int argc, char **argv, const char *input, size_t len) {
+    if (input) {
+        int fd = memfd_create("torpor-hook-state", 0);
+        if (fd < 0 || write(fd, input, len) != (ssize_t)len || lseek(fd, 0, SEEK_SET) != 0 ||
+            dup2(fd, 0) < 0) {
+            fprintf(stderr, HOOK_NAME ": cannot hand the OCI state on: %s\n", strerror(errno));
+            _exit(1);
+        }
+        close(fd);
+    }
+    run_python(TORPOR_HOOK, HOOK_NAME, argc, argv);
+}
+
+static int hook(int argc, char **argv) {
+    const char *state_dir = HOOK_STATE_DIR;
+    int at = 1;
+    if (argc >= 3 && strcmp(argv[1], "--state-dir") == 0) {
+        state_dir = argv[2];
+        at = 3;
+    }
+    if (argc != at + 1 || strcmp(argv[at], "createRuntime") != 0)
+        python_hook(argc, argv, NULL, 0);  /* poststop, the others, a usage error */
+    static char input[1 << 20];
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof input - 1 &&
+           ((n = read(0, input + len, sizeof input - 1 - len)) > 0 || (n < 0 && errno == EINTR)))
+        len += n > 0 ? (size_t)n : 0;
+    input[len] = '\0';
+    struct oci_state state;
+    char plan[PATH_MAX + 512], text[256];
+    if (len == sizeof input - 1 || memchr(input, '\0', len) ||
+        !read_oci_state(input, &state) || !plan_path(state_dir, &state, plan, sizeof plan))
+        python_hook(argc, argv, input, len);
+    int fd = open(plan, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return 0;  /* not a restore: nothing to do */
+    if (fd < 0)
+        python_hook(argc, argv, input, len);
+    n = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (n != (ssize_t)strlen(LO_ONLY_PLAN) || memcmp(text, LO_ONLY_PLAN, (size_t)n) != 0)
+        python_hook(argc, argv, input, len);  /* addresses or routes too: pyroute2's work */
+    int up = state.pid > 0 && lo_up(state.pid);
+    int error = errno;
+    unlink(plan);  /* applied or not, as the Python hook does */
+    if (!up) {
+        fprintf(stderr, HOOK_NAME ": createRuntime failed: bringing lo up in the network "
+                        "namespace of pid %ld: %s\n", state.pid, strerror(error));
+        return 1;
+    }
+    return 0;
+}
+
 /* containerd-shim-torpor-v2: containerd's runc shim, with torpor-runc as its runc. */
 static int shim_launcher(int argc, char **argv) {
     const char *search = getenv("PATH");
@@ -1006,6 +1276,8 @@ int main(int argc, char **argv) {
         return shim_launcher(argc, argv);
     if (TORPOR_CLI[0] && strcmp(name, CLI_NAME) == 0)
         return cli(argc, argv);
+    if (TORPOR_HOOK[0] && strcmp(name, HOOK_NAME) == 0)
+        return hook(argc, argv);
     if (!realpath("/proc/self/exe", self))
         self[0] = '\0';
     int command = subcommand(argc, argv);

@@ -1,0 +1,140 @@
+"""torpor-hook's compiled createRuntime (frontend.c, `hook`): where torpor-runc's plan for a
+restored network namespace only brings lo up, the front end does it itself, finding the plan
+where torpor.capture.records puts it; anything else goes to the Python hook with the OCI state
+handed on as its stdin. The namespaces here are the test's own (`unshare -n sleep`, by pid)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torpor.capture import netns, records
+from torpor.formats import names
+from torpor.formats.network import Address, RestorePlan
+from torpor.oci_hooks import main as oci_hook
+from torpor.runtime_config.launchers import compile_frontend
+
+SOURCE = Path(__file__).resolve().parents[2] / "torpor" / "shim" / "frontend.c"
+LO_ONLY = RestorePlan(("lo",), (), ())
+
+
+def define(name: str) -> str:
+    found = re.search(rf'^#define {name} (".*")$', SOURCE.read_text(), re.MULTILINE)
+    assert found, name
+    return str(json.loads(found.group(1)))
+
+
+def test_the_front_end_knows_what_the_python_side_writes() -> None:
+    assert define("LO_ONLY_PLAN") == json.dumps(LO_ONLY.to_json())
+    assert define("RECORDS_DIR") == names.RECORDS_DIR
+    assert define("RESTORE_PLAN") == names.RESTORE_PLAN
+    assert define("HOOK_STATE_DIR") == oci_hook.DEFAULT_STATE_DIR
+
+
+@pytest.fixture(scope="module")
+def hook(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("hook")
+    python = root / "python"   # says it ran, and keeps the stdin it was given
+    python.write_text(f'#!/bin/sh\ncat > "{root}/stdin"\necho "python ran ${{2##*/}} $3 $4 $5"\n')
+    python.chmod(0o755)
+    binary = root / "torpor-runc"
+    if not compile_frontend(str(binary), str(python), str(root / "torpor-runc.py"),
+                            hook=str(root / "torpor-hook.py")):
+        pytest.skip("no C compiler: torpor-hook is its Python launcher")
+    named = root / "bin" / "torpor-hook"
+    named.parent.mkdir()
+    shutil.copy2(binary, named)
+    return named
+
+
+@pytest.fixture
+def namespace() -> Iterator[int]:
+    """A process in a network namespace of its own, whose lo is down."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    proc = subprocess.Popen(["unshare", "-n", "sleep", "60"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def lo_is_up(pid: int) -> bool:
+    flags = subprocess.run(
+        ["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c",
+         "import fcntl, socket, struct; s = socket.socket(); "
+         "print(struct.unpack('16sH', fcntl.ioctl(s.fileno(), 0x8913, "
+         "struct.pack('16sH', b'lo', 0)))[1])"], capture_output=True, text=True, check=True)
+    return bool(int(flags.stdout) & 1)
+
+
+def run_hook(hook: Path, state_dir: Path, state: dict[str, object] | str,
+             name: str = "createRuntime") -> subprocess.CompletedProcess[str]:
+    text = state if isinstance(state, str) else json.dumps(state)
+    return subprocess.run([str(hook), "--state-dir", str(state_dir), name], input=text,
+                          capture_output=True, text=True, timeout=20, env={"PATH": "/bin"})
+
+
+@pytest.mark.parametrize(("bundle", "container_id"), [
+    ("/run/containerd/io.containerd.runtime.v2.task/k8s.io/web", "web"),   # its namespace
+    ("/var/lib/containers/storage/overlay-containers/abc/userdata", "abc"),
+    ("/b", "b"),
+])
+def test_a_plan_that_only_brings_lo_up_is_done_without_python(
+        hook: Path, tmp_path: Path, namespace: int, bundle: str, container_id: str) -> None:
+    plan = Path(records.record_dir(str(tmp_path), bundle, container_id)) / names.RESTORE_PLAN
+    netns.write_restore_plan(str(plan), LO_ONLY)
+    assert not lo_is_up(namespace)
+    state = {"ociVersion": "1.2.0", "id": container_id, "status": "creating",
+             "pid": namespace, "bundle": bundle,
+             "annotations": {"x": "a \"quoted\" {brace} [and] \\ more"}}
+    result = run_hook(hook, tmp_path, state)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert lo_is_up(namespace)
+    assert not plan.exists()   # applied: gone, as the Python hook leaves it
+
+
+def test_no_plan_is_nothing_to_do(hook: Path, tmp_path: Path) -> None:
+    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": 1})
+    assert (result.returncode, result.stdout) == (0, "")
+
+
+@pytest.mark.parametrize("case", ["addresses", "escaped bundle", "unnormal bundle", "poststop",
+                                  "not json"])
+def test_everything_else_goes_to_the_python_hook_with_its_stdin(
+        hook: Path, tmp_path: Path, case: str) -> None:
+    bundle, container_id = "/x/c", "c"
+    state: dict[str, object] | str = {"id": container_id, "bundle": bundle, "pid": 1}
+    name = "createRuntime"
+    if case == "addresses":
+        plan = Path(records.record_dir(str(tmp_path), bundle, container_id)) / names.RESTORE_PLAN
+        netns.write_restore_plan(str(plan), RestorePlan(("lo",), (Address(
+            ifname="lo", family="inet", address="10.1.2.3", prefixlen=32, scope=0),), ()))
+    elif case == "escaped bundle":
+        state = '{"id": "c", "bundle": "/x\\/c", "pid": 1}'
+    elif case == "unnormal bundle":
+        state = {"id": "c", "bundle": "/x//c", "pid": 1}
+    elif case == "poststop":
+        name = "poststop"
+    else:
+        state = "{not json"
+    result = run_hook(hook, tmp_path, state, name)
+    assert result.stdout == f"python ran torpor-hook.py --state-dir {tmp_path} {name}\n"
+    sent = state if isinstance(state, str) else json.dumps(state)
+    assert (hook.parent.parent / "stdin").read_text() == sent   # byte for byte
+
+
+def test_a_failure_says_so_and_the_plan_goes(hook: Path, tmp_path: Path) -> None:
+    plan = Path(records.record_dir(str(tmp_path), "/x/c", "c")) / names.RESTORE_PLAN
+    netns.write_restore_plan(str(plan), LO_ONLY)
+    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": 999999999})
+    assert result.returncode == 1
+    assert "torpor-hook: createRuntime failed: bringing lo up" in result.stderr
+    assert not plan.exists()
