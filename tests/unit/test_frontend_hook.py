@@ -106,15 +106,28 @@ def test_no_plan_is_nothing_to_do(hook: Path, tmp_path: Path) -> None:
     assert (result.returncode, result.stdout) == (0, "")
 
 
+INVALID = {   # what Python's JSON refuses: the Python hook says so, and does nothing
+    "not json": "{not json",
+    "trailing comma": '{"id": "c", "bundle": "/x/c", "pid": 1,}',
+    "pid with a zero first": '{"id": "c", "bundle": "/x/c", "pid": 0123}',
+    "pid with a sign": '{"id": "c", "bundle": "/x/c", "pid": +1}',
+    "a bare word": '{"id": "c", "bundle": "/x/c", "pid": 1, "x": tru}',
+    "a bad number": '{"id": "c", "bundle": "/x/c", "pid": 1, "x": -}',
+    "a bad escape": '{"id": "c", "bundle": "/x/c", "pid": 1, "x": "\\q"}',
+    "a short unicode escape": '{"id": "c", "bundle": "/x/c", "pid": 1, "x": "\\u12"}',
+}
+
+
 @pytest.mark.parametrize("case", ["addresses", "escaped bundle", "unnormal bundle", "poststop",
-                                  "not json"])
+                                  "non-ascii", "over a mebibyte", *INVALID])
 def test_everything_else_goes_to_the_python_hook_with_its_stdin(
         hook: Path, tmp_path: Path, case: str) -> None:
     bundle, container_id = "/x/c", "c"
     state: dict[str, object] | str = {"id": container_id, "bundle": bundle, "pid": 1}
     name = "createRuntime"
+    plan = Path(records.record_dir(str(tmp_path), bundle, container_id)) / names.RESTORE_PLAN
+    netns.write_restore_plan(str(plan), LO_ONLY)   # a plan the front end would apply itself
     if case == "addresses":
-        plan = Path(records.record_dir(str(tmp_path), bundle, container_id)) / names.RESTORE_PLAN
         netns.write_restore_plan(str(plan), RestorePlan(("lo",), (Address(
             ifname="lo", family="inet", address="10.1.2.3", prefixlen=32, scope=0),), ()))
     elif case == "escaped bundle":
@@ -123,18 +136,28 @@ def test_everything_else_goes_to_the_python_hook_with_its_stdin(
         state = {"id": "c", "bundle": "/x//c", "pid": 1}
     elif case == "poststop":
         name = "poststop"
+    elif case == "non-ascii":   # raw UTF-8 (Go's encoder writes it so)
+        state = json.dumps({"id": "c", "bundle": "/x/c", "pid": 1, "annotations": {"a": "é"}},
+                           ensure_ascii=False)
+    elif case == "over a mebibyte":   # all of it reaches the Python hook
+        state = {"id": "c", "bundle": "/x/c", "pid": 1, "annotations": {"a": "x" * (2 << 20)}}
     else:
-        state = "{not json"
+        state = INVALID[case]
     result = run_hook(hook, tmp_path, state, name)
     assert result.stdout == f"python ran torpor-hook.py --state-dir {tmp_path} {name}\n"
     sent = state if isinstance(state, str) else json.dumps(state)
     assert (hook.parent.parent / "stdin").read_text() == sent   # byte for byte
+    assert plan.exists()   # the front end left it to Python
 
 
-def test_a_failure_says_so_and_the_plan_goes(hook: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("pid", "why"), [(999999999, "No such file or directory"),
+                                          (0, "No such process")])
+def test_a_failure_says_so_and_the_plan_goes(hook: Path, tmp_path: Path, pid: int,
+                                             why: str) -> None:
     plan = Path(records.record_dir(str(tmp_path), "/x/c", "c")) / names.RESTORE_PLAN
     netns.write_restore_plan(str(plan), LO_ONLY)
-    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": 999999999})
+    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": pid})
     assert result.returncode == 1
     assert "torpor-hook: createRuntime failed: bringing lo up" in result.stderr
+    assert why in result.stderr
     assert not plan.exists()

@@ -43,7 +43,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -1009,8 +1008,8 @@ static const char *json_ws(const char *p) {
     return p;
 }
 
-/* A string at p without escapes into out (NULL out: skipped, escapes allowed); after it, or
- * NULL. */
+/* A string at p without escapes into out (NULL out: skipped, valid escapes allowed); after
+ * it, or NULL. (The whole state is ASCII: read_oci_state leaves anything else to Python.) */
 static const char *json_string(const char *p, char *out, size_t size) {
     if (*p++ != '"')
         return NULL;
@@ -1019,9 +1018,17 @@ static const char *json_string(const char *p, char *out, size_t size) {
         if (!*p || (unsigned char)*p < 0x20)
             return NULL;
         if (*p == '\\') {
-            if (out || !p[1])
+            if (out)
                 return NULL;  /* an escape in a value this file reads: Python reads it */
             p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!p[i] || !strchr("0123456789abcdefABCDEF", p[i]))
+                        return NULL;
+                p += 4;
+            } else if (!*p || !strchr("\"\\/bfnrt", *p)) {
+                return NULL;
+            }
             continue;
         }
         if (out) {
@@ -1033,6 +1040,33 @@ static const char *json_string(const char *p, char *out, size_t size) {
     if (out)
         out[n] = '\0';
     return p + 1;
+}
+
+static const char *json_digits(const char *p) {
+    const char *start = p;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return p > start ? p : NULL;
+}
+
+/* A number at p, as JSON writes one; after it, or NULL. */
+static const char *json_number(const char *p) {
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (!(p = *p >= '1' && *p <= '9' ? json_digits(p) : NULL))
+        return NULL;
+    if (*p == '.' && !(p = json_digits(p + 1)))
+        return NULL;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (!(p = json_digits(p)))
+            return NULL;
+    }
+    return p;
 }
 
 /* Any JSON value at p, skipped; after it, or NULL. */
@@ -1062,16 +1096,20 @@ static const char *json_skip(const char *p, int depth) {
                 return NULL;
         }
     }
-    const char *start = p;
-    while (*p && strchr("+-0123456789.eEtruefalsn", *p))
-        p++;
-    return p > start ? p : NULL;
+    for (const char *const *word = (const char *const[]){"true", "false", "null", NULL}; *word;
+         word++)
+        if (strncmp(p, *word, strlen(*word)) == 0)
+            return p + strlen(*word);
+    return json_number(p);
 }
 
 /* The OCI state's id, bundle and pid; 0 where they are not plainly there. */
 static int read_oci_state(const char *text, struct oci_state *state) {
     int found = 0;
     state->pid = -1;
+    for (const char *c = text; *c; c++)
+        if ((unsigned char)*c >= 0x80)
+            return 0;  /* UTF-8 (or not): Python reads it */
     const char *p = json_ws(text);
     if (*p++ != '{')
         return 0;
@@ -1089,21 +1127,23 @@ static int read_oci_state(const char *text, struct oci_state *state) {
                 return 0;
             found |= 2;
         } else if (strcmp(key, "pid") == 0) {
-            char *end;
-            errno = 0;
-            state->pid = strtol(p, &end, 10);
-            if (errno || end == p || state->pid < 0)
-                return 0;
+            const char *end = json_digits(p);
+            if (!end || (*p == '0' && end - p > 1) || end - p > 9)
+                return 0;  /* plain digits only, as JSON and a pid have them */
+            state->pid = strtol(p, NULL, 10);
             p = end;
             found |= 4;
         } else if (!(p = json_skip(p, 0))) {
             return 0;
         }
         p = json_ws(p);
-        if (*p == ',')
+        if (*p == ',') {
             p = json_ws(p + 1);
-        else if (*p != '}')
+            if (*p != '"')
+                return 0;  /* a trailing comma */
+        } else if (*p != '}') {
             return 0;
+        }
     }
     return found == 7 && *json_ws(p + 1) == '\0';
 }
@@ -1154,11 +1194,21 @@ static int plan_path(const char *state_dir, const struct oci_state *state, char 
 /* lo up in pid's network namespace; 0 with errno set where it failed. */
 static int lo_up(long pid) {
     char path[64];
+    if (pid <= 0) {
+        errno = ESRCH;
+        return 0;
+    }
     snprintf(path, sizeof path, "/proc/%ld/ns/net", pid);
     int ns = open(path, O_RDONLY | O_CLOEXEC);
-    if (ns < 0 || setns(ns, CLONE_NEWNET) != 0)
+    if (ns < 0)
         return 0;
+    int entered = setns(ns, CLONE_NEWNET) == 0;
+    int error = errno;
     close(ns);
+    if (!entered) {
+        errno = error;
+        return 0;
+    }
     int sock = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
     if (sock < 0)
         return 0;
@@ -1172,8 +1222,12 @@ static int lo_up(long pid) {
                  .ifi_change = IFF_UP},  /* lo: index 1 in a new namespace */
     };
     char reply[4096];
-    if (send(sock, &request, sizeof request, 0) != (ssize_t)sizeof request ||
-        recv(sock, reply, sizeof reply, 0) < (ssize_t)(sizeof(struct nlmsghdr) + sizeof(int))) {
+    ssize_t got = -1;
+    if (send(sock, &request, sizeof request, 0) == (ssize_t)sizeof request)
+        got = recv(sock, reply, sizeof reply, 0);
+    if (got < (ssize_t)(sizeof(struct nlmsghdr) + sizeof(int))) {
+        if (got >= 0)
+            errno = EPROTO;  /* a short answer */
         close(sock);
         return 0;
     }
@@ -1189,16 +1243,35 @@ static int lo_up(long pid) {
     return 1;
 }
 
-/* The Python hook, its stdin what this process read of its own (an anonymous file). */
+static int write_all(int fd, const char *data, size_t len) {
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return 0;
+        data += n;
+        len -= (size_t)n;
+    }
+    return 1;
+}
+
+/* The Python hook, its stdin what this process read of its own and whatever of it is still
+ * unread (an anonymous file: all of it, whatever its size). */
 static void python_hook(int argc, char **argv, const char *input, size_t len) {
     if (input) {
-        int fd = memfd_create("torpor-hook-state", 0);
-        if (fd < 0 || write(fd, input, len) != (ssize_t)len || lseek(fd, 0, SEEK_SET) != 0 ||
-            dup2(fd, 0) < 0) {
+        int fd = (int)syscall(SYS_memfd_create, "torpor-hook-state", 0);
+        int whole = fd >= 0 && write_all(fd, input, len);
+        char more[65536];
+        ssize_t n;
+        while (whole && ((n = read(0, more, sizeof more)) > 0 || (n < 0 && errno == EINTR)))
+            whole = n < 0 || write_all(fd, more, (size_t)n);
+        if (!whole || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) < 0) {
             fprintf(stderr, HOOK_NAME ": cannot hand the OCI state on: %s\n", strerror(errno));
             _exit(1);
         }
-        close(fd);
+        if (fd != 0)
+            close(fd);
     }
     run_python(TORPOR_HOOK, HOOK_NAME, argc, argv);
 }
@@ -1210,7 +1283,7 @@ static int hook(int argc, char **argv) {
         state_dir = argv[2];
         at = 3;
     }
-    if (argc != at + 1 || strcmp(argv[at], "createRuntime") != 0)
+    if (argc != at + 1 || strcmp(argv[at], "createRuntime") != 0 || state_dir[0] != '/')
         python_hook(argc, argv, NULL, 0);  /* poststop, the others, a usage error */
     static char input[1 << 20];
     size_t len = 0;
@@ -1233,7 +1306,7 @@ static int hook(int argc, char **argv) {
     close(fd);
     if (n != (ssize_t)strlen(LO_ONLY_PLAN) || memcmp(text, LO_ONLY_PLAN, (size_t)n) != 0)
         python_hook(argc, argv, input, len);  /* addresses or routes too: pyroute2's work */
-    int up = state.pid > 0 && lo_up(state.pid);
+    int up = lo_up(state.pid);
     int error = errno;
     unlink(plan);  /* applied or not, as the Python hook does */
     if (!up) {
