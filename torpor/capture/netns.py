@@ -279,6 +279,12 @@ def apply_restore_plan(plan: RestorePlan, pid: int) -> None:
         raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
 
 
+def shares_host_network(spec: OciSpec) -> bool:
+    """The spec names no network namespace: the container runs in the host's."""
+    return not any(ns.get("type") == "network"
+                   for ns in (spec.get("linux") or {}).get("namespaces") or [])
+
+
 def spec_netns_path(spec: OciSpec) -> str | None:
     """The network namespace path the spec names (a pod's), or None when runc makes one."""
     for ns in (spec.get("linux") or {}).get("namespaces") or []:

@@ -67,6 +67,8 @@ def prepare_network(spec_doc: OciSpec, state: ContainerState, plan_path: str,
                     criu_config: str) -> bool:
     """Check or plan the addresses the sockets need; True when connections are to be closed
     (a CRIU config with tcp-close is then at `criu_config`)."""
+    if netns.shares_host_network(spec_doc):
+        return False   # the host's own network: nothing of it is torpor's to set up or change
     network = state.network
     sockets = network.sockets
     add = (spec_doc.get("annotations") or {}).get(ann.RESTORE_ADD_ADDRESSES, "").lower() == "true"
