@@ -7,7 +7,10 @@ were only in the page cache. `sync_tree` does it in bulk: every regular file and
 under the root is fsynced, many at once (fsync releases the GIL; the filesystem joins the
 flushes into few journal commits), then the root's own entry in its parent. `syncfs` of the
 whole filesystem is the other way, measured against it in bench/durability.py; it also writes
-out everything else that is dirty on that filesystem, so it is not the default.
+out everything else that is dirty on that filesystem, so it is not the default. `Writeback`
+starts the writing early: while CRIU dumps a checkpoint -o DIR, torpor-runc asks the kernel to
+write what CRIU has written so far, so the sync after the dump finds it mostly on disk (64 MiB:
+~4 ms instead of ~25 ms here).
 
 Stdlib only: torpor-runc and CRIU's post-dump hook use it.
 """
@@ -76,6 +79,57 @@ def sync_tree(*roots: str, parents: bool = True) -> Synced:
             if os.path.isdir(parent):
                 sync_dir(parent)
     return Synced(len(files), len(directories), size, time.monotonic() - started)
+
+
+class Writeback:
+    """While a writer (CRIU) fills the files under `root`, every `interval` ask the kernel to
+    start writing what they hold so far to disk (sync_file_range(2), SYNC_FILE_RANGE_WRITE),
+    on a thread of its own: the sync_tree that follows the writer then finds most of it there."""
+
+    def __init__(self, root: str, interval: float = 0.01) -> None:
+        import threading
+
+        self.root, self.interval = root, interval
+        self.started: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torpor-writeback", daemon=True)
+
+    def __enter__(self) -> Writeback:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import ctypes
+
+        try:
+            call = ctypes.CDLL(None, use_errno=True).sync_file_range
+        except (OSError, AttributeError):
+            return
+        call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+        while not self._stop.wait(self.interval):
+            for directory, _, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.join(directory, name)
+                    try:
+                        size = os.lstat(path).st_size
+                    except OSError:
+                        continue
+                    done = self.started.get(path, 0)
+                    if size - done < (1 << 20):
+                        continue
+                    try:
+                        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    except OSError:
+                        continue
+                    try:
+                        call(fd, done, size - done, 2)   # SYNC_FILE_RANGE_WRITE
+                    finally:
+                        os.close(fd)
+                    self.started[path] = size
 
 
 def syncfs(path: str) -> float:

@@ -39,6 +39,13 @@ def test_request_round_trip_with_each_volume_policy() -> None:
         assert CheckpointRequest.loads(request.dumps(), "request") == request
 
 
+def test_a_request_says_whether_the_images_are_kept_and_an_older_one_does_not() -> None:
+    kept = CheckpointRequest(image_path="/x", keep_images=True)
+    assert CheckpointRequest.loads(kept.dumps(), "request").keep_images is True
+    older = {k: v for k, v in kept.to_json().items() if k != "keep_images"}
+    assert CheckpointRequest.loads(json.dumps(older).encode(), "request").keep_images is False
+
+
 def test_restore_plan_round_trip() -> None:
     plan = RestorePlan(("lo",), NETWORK.config.addresses, NETWORK.config.routes)
     assert RestorePlan.from_json(Fields(roundtrip(plan.to_json()), "plan")) == plan

@@ -23,13 +23,16 @@ class CheckpointRequest:
     rootfs: bool | None = None
     image_path: str | None = None           # where torpor-runc puts CRIU's images
     expires: float = 0.0                    # a request older than this is ignored
+    keep_images: bool = False               # the images are the checkpoint (-o DIR), synced
+                                            # after: their writing to disk starts as CRIU dumps
 
     def to_json(self) -> dict[str, Any]:
         volumes = self.volumes if self.volumes is None or isinstance(self.volumes, str) \
             else list(self.volumes)
         return {"format": names.CHECKPOINT_REQUEST_FORMAT, "criu": self.criu.to_json(),
                 "volumes": volumes, "dev_shm": self.dev_shm, "rootfs": self.rootfs,
-                "image_path": self.image_path, "expires": self.expires}
+                "image_path": self.image_path, "expires": self.expires,
+                "keep_images": self.keep_images}
 
     @classmethod
     def from_json(cls, f: Fields) -> CheckpointRequest:
@@ -40,10 +43,12 @@ class CheckpointRequest:
         volumes = parse_volume_policy(raw if not isinstance(raw, list) else f.strings("volumes"))
         dev_shm = f.data.get("dev_shm")
         rootfs = f.data.get("rootfs")
+        keep_images = f.data.get("keep_images")   # (absent from older torpor's requests)
         return cls(criu=CriuOptions.from_json(f.child("criu")), volumes=volumes,
                    dev_shm=f.boolean("dev_shm") if dev_shm is not None else None,
                    rootfs=f.boolean("rootfs") if rootfs is not None else None,
-                   image_path=f.optional_string("image_path"), expires=f.number("expires", 0.0))
+                   image_path=f.optional_string("image_path"), expires=f.number("expires", 0.0),
+                   keep_images=f.boolean("keep_images") if keep_images is not None else False)
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True).encode()

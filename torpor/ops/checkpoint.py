@@ -202,7 +202,8 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     assert directory is not None
     os.makedirs(directory, mode=0o700, exist_ok=True)
     # 3.-6. the dump and the checkpoint directory
-    metadata = checkpoint_into(txn, container, request, directory, progress, started)
+    metadata = checkpoint_into(txn, container, request, directory, progress, started,
+                               kept=plan.scratch is None)
     if plan.scratch is None:
         synced = _make_durable(txn, progress, directory)
         txn.commit()

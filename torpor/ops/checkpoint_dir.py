@@ -37,8 +37,10 @@ class CheckpointedContainer:
 
 
 def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request: CheckpointRequest,
-                     directory: str, progress: Progress, started: float) -> CheckpointMetadata:
-    """Steps 3 to 6 into the empty directory `directory`."""
+                     directory: str, progress: Progress, started: float,
+                     kept: bool = False) -> CheckpointMetadata:
+    """Steps 3 to 6 into the empty directory `directory`; `kept`: it is the checkpoint itself
+    (-o DIR), synced next, so torpor-runc has CRIU's images written to disk as CRIU dumps."""
     record = container.record
     node = runtime_tools.gather_ahead(txn.client.address, container.runtime)   # for step 6
     criu_dir = os.path.join(directory, names.CRIU_DIR)
@@ -46,7 +48,8 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     # 3. the request for torpor-runc
     txn.journal.write_request(CheckpointRequest(
         criu=request.criu, volumes=request.volumes, dev_shm=request.dev_shm,
-        rootfs=request.rootfs, image_path=criu_dir, expires=time.time() + REQUEST_TTL_S))
+        rootfs=request.rootfs, image_path=criu_dir, expires=time.time() + REQUEST_TTL_S,
+        keep_images=kept))
     txn.step("requested")
     # 4. Tasks.Checkpoint: every runtime gets the work path, runc.* ones the image path too
     paths = {"work_path": txn.journal.work_dir}

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torpor
+from torpor import durable
 from torpor.capture import files, netns, pod, processes
 from torpor.capture import journal as journals
 from torpor.capture.freezer import Cgroup, frozen, thaw_unless_gone
@@ -61,6 +62,7 @@ from torpor.formats.gpu import GpuState
 from torpor.formats.journal import RuntimeRecord
 from torpor.formats.network import NetworkState
 from torpor.formats.oci import OciSpec
+from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ProcessInfo
 from torpor.shim import criu_log, interrupt, post_dump, pre_dump, runc, spec
 from torpor.shim.argv import Invocation
@@ -166,7 +168,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
             # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
             ran, we_froze, saved = _dump_leaving_running(
                 ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings,
-                runtime_lock)
+                runtime_lock, request)
         else:
             with frozen(cgroup, ctx.log) as we_froze:
                 interrupt.hold(ctx, "frozen")
@@ -183,7 +185,9 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                 else:
                     env = undo.enter_context(criu_config(ctx))
                 t = time.monotonic()
-                ran = run_runc(ctx, argv, guardian, env, journal, pid, hold_fd=runtime_lock)
+                with writing_back(request, image_path):
+                    ran = run_runc(ctx, argv, guardian, env, journal, pid,
+                                   hold_fd=runtime_lock)
                 timings["runc_checkpoint_s"] = time.monotonic() - t
         guardian.tell(thaw=False)
         state = _state(container_id, pid, criu, policy, network, saved, tree, gpu, timings,
@@ -204,6 +208,16 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
             guardian.release()
         # 8. leaving the block restores and unlocks the GPUs (leave-running)
     return 0
+
+
+def writing_back(request: CheckpointRequest | None,
+                 image_path: str) -> contextlib.AbstractContextManager[object]:
+    """While runc and CRIU dump: where `torpor checkpoint` keeps CRIU's images as the checkpoint
+    (-o DIR) and syncs them after, their writing to disk starts as CRIU writes them
+    (durable.Writeback: the sync then waits ~4 ms at 64 MiB, not ~25)."""
+    if request is not None and request.keep_images:
+        return durable.Writeback(image_path)
+    return contextlib.nullcontext()
 
 
 def _capture_ahead(config: OciSpec, pid: int) -> Future[tuple[NetworkState, float]]:
@@ -234,7 +248,9 @@ def _state(container_id: str, pid: int, criu: CriuOptions, policy: FilePolicy,
 def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgroup: Cgroup,
                           journal: Journal | None, pid: int, config: OciSpec,
                           policy: FilePolicy, image_path: str, timings: dict[str, float],
-                          runtime_lock: int | None = None) -> tuple[RuncRun, bool, SavedFiles]:
+                          runtime_lock: int | None = None,
+                          request: CheckpointRequest | None = None,
+                          ) -> tuple[RuncRun, bool, SavedFiles]:
     """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
@@ -244,8 +260,9 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     saved = SavedFiles()
     try:
         t = time.monotonic()
-        ran = run_runc(ctx, argv, guardian, hook.env(), journal, pid,
-                       hold_fd=runtime_lock)
+        with writing_back(request, image_path):
+            ran = run_runc(ctx, argv, guardian, hook.env(), journal, pid,
+                           hold_fd=runtime_lock)
         timings["runc_checkpoint_s"] = time.monotonic() - t
         we_froze = hook.froze()
         if ran.code == 0:
