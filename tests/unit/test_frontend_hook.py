@@ -6,9 +6,11 @@ handed on as its stdin. The namespaces here are the test's own (`unshare -n slee
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +62,11 @@ def namespace() -> Iterator[int]:
         pytest.skip("no unshare")
     proc = subprocess.Popen(["unshare", "-n", "sleep", "60"])
     try:
+        own = os.readlink("/proc/self/ns/net")
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{proc.pid}/ns/net") == own:   # until unshare(2) is done
+            assert time.monotonic() < deadline, "unshare -n did not make its namespace"
+            time.sleep(0.005)
         yield proc.pid
     finally:
         proc.kill()
@@ -82,18 +89,27 @@ def run_hook(hook: Path, state_dir: Path, state: dict[str, object] | str,
                           capture_output=True, text=True, timeout=20, env={"PATH": "/bin"})
 
 
-@pytest.mark.parametrize(("bundle", "container_id"), [
-    ("/run/containerd/io.containerd.runtime.v2.task/k8s.io/web", "web"),   # its namespace
-    ("/var/lib/containers/storage/overlay-containers/abc/userdata", "abc"),
-    ("/b", "b"),
+@pytest.mark.parametrize(("bundle", "container_id", "runc_says"), [
+    ("run/containerd/io.containerd.runtime.v2.task/k8s.io/web", "web", None),   # its namespace
+    ("var/lib/containers/storage/overlay-containers/abc/userdata", "abc", None),
+    # given through a symlink (/var/run -> /run): runc's state names the real directory
+    ("link/containerd/io.containerd.runtime.v2.task/default/c1", "c1", "real"),
+    ("real/containerd/io.containerd.runtime.v2.task/default/c2", "c2", "link"),
 ])
 def test_a_plan_that_only_brings_lo_up_is_done_without_python(
-        hook: Path, tmp_path: Path, namespace: int, bundle: str, container_id: str) -> None:
+        hook: Path, tmp_path: Path, namespace: int, bundle: str, container_id: str,
+        runc_says: str | None) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    given = tmp_path / bundle
+    given.mkdir(parents=True, exist_ok=True)
+    seen = tmp_path / (runc_says + bundle[4:]) if runc_says else given
+    bundle = str(given)
     plan = Path(records.record_dir(str(tmp_path), bundle, container_id)) / names.RESTORE_PLAN
     netns.write_restore_plan(str(plan), LO_ONLY)
     assert not lo_is_up(namespace)
     state = {"ociVersion": "1.2.0", "id": container_id, "status": "creating",
-             "pid": namespace, "bundle": bundle,
+             "pid": namespace, "bundle": str(seen),
              "annotations": {"x": "a \"quoted\" {brace} [and] \\ more"}}
     result = run_hook(hook, tmp_path, state)
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
@@ -102,7 +118,7 @@ def test_a_plan_that_only_brings_lo_up_is_done_without_python(
 
 
 def test_no_plan_is_nothing_to_do(hook: Path, tmp_path: Path) -> None:
-    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": 1})
+    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/", "pid": 1})
     assert (result.returncode, result.stdout) == (0, "")
 
 
@@ -154,9 +170,11 @@ def test_everything_else_goes_to_the_python_hook_with_its_stdin(
                                           (0, "No such process")])
 def test_a_failure_says_so_and_the_plan_goes(hook: Path, tmp_path: Path, pid: int,
                                              why: str) -> None:
-    plan = Path(records.record_dir(str(tmp_path), "/x/c", "c")) / names.RESTORE_PLAN
+    bundle = tmp_path / "c"
+    bundle.mkdir()
+    plan = Path(records.record_dir(str(tmp_path), str(bundle), "c")) / names.RESTORE_PLAN
     netns.write_restore_plan(str(plan), LO_ONLY)
-    result = run_hook(hook, tmp_path, {"id": "c", "bundle": "/x/c", "pid": pid})
+    result = run_hook(hook, tmp_path, {"id": "c", "bundle": str(bundle), "pid": pid})
     assert result.returncode == 1
     assert "torpor-hook: createRuntime failed: bringing lo up" in result.stderr
     assert why in result.stderr

@@ -22,7 +22,11 @@ from torpor.formats import names
 
 
 def container_key(bundle: str, container_id: str) -> str:
-    bundle = os.path.normpath(bundle)
+    """`namespace/id.crc32(bundle)`, the bundle's real path: runc's OCI state (what hooks are
+    given) names the directory runc found itself in after chdir, symlinks resolved (a bundle
+    under /var/run is under /run there), where the runtime was given the path as the engine
+    wrote it."""
+    bundle = os.path.realpath(bundle)
     namespace = "_"
     if os.path.basename(bundle) == container_id:
         namespace = os.path.basename(os.path.dirname(bundle)) or "_"

@@ -1172,9 +1172,13 @@ static unsigned long crc32_of(const char *text) {  /* = zlib.crc32 */
     return crc ^ 0xFFFFFFFFul;
 }
 
-/* The plan's path (torpor.capture.records.record_dir); 0 where the bundle is not plain. */
-static int plan_path(const char *state_dir, const struct oci_state *state, char *out,
-                     size_t size) {
+/* The plan's path (torpor.capture.records.record_dir, the bundle's real path); 0 where the
+ * bundle cannot be resolved or is not plain. */
+static int plan_path(const char *state_dir, struct oci_state *state, char *out, size_t size) {
+    char real[PATH_MAX];
+    if (!realpath(state->bundle, real) || strlen(real) >= sizeof state->bundle)
+        return 0;  /* (Python's realpath resolves what exists of it) */
+    snprintf(state->bundle, sizeof state->bundle, "%s", real);
     if (!normal_path(state->bundle) || !state->id[0] || strchr(state->id, '/'))
         return 0;
     const char *base = strrchr(state->bundle, '/') + 1;
