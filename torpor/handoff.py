@@ -110,6 +110,17 @@ def service_socket() -> str | None:
         return None
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a unix socket (SO_PEERCRED: the one
+    that connected, or that made a socketpair), as the kernel recorded them."""
+    import struct
+
+    ucred = struct.Struct("3i")
+    pid, uid, gid = ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                 ucred.size))
+    return pid, uid, gid
+
+
 def connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from torpor.formats.metadata import RuntimeInfo
 from torpor.formats.node import NodeFacts
+from torpor.handoff import peer_credentials
 from torpor.node import facts
 
 TORPOR_SHIM = "io.containerd.torpor.v2"
@@ -48,11 +48,9 @@ def containerd_pid(address: str) -> int | None:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(2)
             sock.connect(path)
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                    struct.calcsize("3i"))
+            pid = peer_credentials(sock)[0]
     except OSError:
         return None
-    pid = struct.unpack("3i", creds)[0]
     return pid if pid > 0 else None
 
 

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
-import struct
 
-_UCRED = struct.Struct("3i")  # pid, uid, gid
+from torpor.handoff import peer_credentials
 
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process that connected, as the kernel recorded them."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    pid, uid, gid = _UCRED.unpack(raw)
-    return pid, uid, gid
+__all__ = ["peer_credentials", "refusal"]
 
 
 def refusal(uid: int, own_uid: int | None = None) -> str | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import select
 import socket
-import struct
 
 from torpor.errors import RestoreError
 
@@ -112,10 +111,10 @@ def _receive(channel: socket.socket, timeout_s: float | None) -> tuple[bytes, in
 
 
 def _front_end_pid(channel: socket.socket) -> int:
-    """The process that made the channel (SO_PEERCRED of a socketpair): the front end."""
-    pid, _uid, _gid = struct.unpack("3i", channel.getsockopt(socket.SOL_SOCKET,
-                                                             socket.SO_PEERCRED, 12))
-    return int(pid)
+    """The process that made the channel (its peer, a socketpair's maker): the front end."""
+    from torpor.handoff import peer_credentials
+
+    return peer_credentials(channel)[0]
 
 
 def _parent_of(pid: int) -> int | None:
