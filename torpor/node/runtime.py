@@ -20,6 +20,7 @@ import socket
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from torpor import ahead
 from torpor.formats.metadata import RuntimeInfo
 from torpor.formats.node import NodeFacts
 from torpor.handoff import peer_credentials
@@ -114,8 +115,4 @@ def gather(address: str, runtime: RuntimeInfo) -> NodeFacts:
 def gather_ahead(address: str, runtime: RuntimeInfo) -> Future[NodeFacts]:
     """`gather` on a thread of its own, started now: the versions are asked of runc and CRIU
     (~10 ms of their start-up) while the caller goes on, and waited for where they are used."""
-    one = ThreadPoolExecutor(1, thread_name_prefix="torpor-node-facts")
-    try:
-        return one.submit(gather, address, runtime)
-    finally:
-        one.shutdown(wait=False)   # the thread ends with its one call
+    return ahead.start(gather, address, runtime)

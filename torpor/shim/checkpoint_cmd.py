@@ -43,12 +43,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torpor
-from torpor import durable
+from torpor import ahead, durable
 from torpor.capture import files, netns, pod, processes
 from torpor.capture import journal as journals
 from torpor.capture.freezer import Cgroup, frozen, thaw_unless_gone
@@ -227,11 +227,7 @@ def _capture_ahead(config: OciSpec, pid: int) -> Future[tuple[NetworkState, floa
         t = time.monotonic()
         return netns.capture(config, pid), time.monotonic() - t
 
-    one = ThreadPoolExecutor(1, thread_name_prefix="torpor-netns")
-    try:
-        return one.submit(capture)
-    finally:
-        one.shutdown(wait=False)
+    return ahead.start(capture)
 
 
 def _state(container_id: str, pid: int, criu: CriuOptions, policy: FilePolicy,
