@@ -123,28 +123,27 @@ static int subcommand(int argc, char **argv) {
     return 0;
 }
 
-/* `restore --detach`: runc returns once CRIU is done (containerd's shim, Podman and CRI-O
- * restore so); a restore in the foreground lives as long as its container, and runs here. */
-static int detached(int argc, char **argv, int command) {
+/* Whether the subcommand's arguments (up to a "--") hold one of `flags` as they are. */
+static int given(int argc, char **argv, int command, const char *const *flags) {
     for (int i = command + 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0)
             return 0;
-        if (strcmp(argv[i], "--detach") == 0 || strcmp(argv[i], "-d") == 0 ||
-            strcmp(argv[i], "-detach") == 0)
+        if (listed(argv[i], flags))
             return 1;
     }
     return 0;
 }
 
 static int asks_for_help(int argc, char **argv, int command) {
-    for (int i = command + 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0)
-            return 0;
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0 ||
-            strcmp(argv[i], "-help") == 0)
-            return 1;
-    }
-    return 0;
+    static const char *const HELP[] = {"-h", "--help", "-help", NULL};
+    return given(argc, argv, command, HELP);
+}
+
+/* `restore --detach`: runc returns once CRIU is done (containerd's shim, Podman and CRI-O
+ * restore so); a restore in the foreground lives as long as its container, and runs here. */
+static int detached(int argc, char **argv, int command) {
+    static const char *const DETACH[] = {"--detach", "-d", "-detach", NULL};
+    return given(argc, argv, command, DETACH);
 }
 
 /* Run `script` (a Python launcher) with this process's arguments. */

@@ -230,7 +230,7 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
         try:
             code = served.run([ctx.runtime, *argv[1:]], limit)
         except served.FrontEndGone:
-            _remove_half_restored(ctx)
+            _remove_half_restored(ctx, image_path)
             raise
     elif limit is None:
         if plain:
@@ -240,10 +240,10 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
         code = runc.run_within(ctx.runtime, argv, limit)
     if code is not None:
         if code < 0:   # runc killed (a signal its caller forwarded): nothing of it stays
-            _remove_half_restored(ctx)
+            _remove_half_restored(ctx, image_path)
         return code
     assert limit is not None
-    _remove_half_restored(ctx)
+    _remove_half_restored(ctx, image_path)
     log = os.path.join(inv.flag("work-path") or image_path, "restore.log")
     last = criu_log.last_lines(log)
     raise DeadlineExceeded(
@@ -254,14 +254,13 @@ def _runc_restore(ctx: Context, argv: list[str], image_path: str, plain: bool = 
         f"{deadlines.PER_GIB_S:.0f} s per GiB of CRIU images)")
 
 
-def _remove_half_restored(ctx: Context) -> None:
+def _remove_half_restored(ctx: Context, image_path: str) -> None:
     """What a killed `runc restore` left: the container runc made (its processes, cgroup and
     state) and CRIU's cgroup yards."""
     from torpor.capture import deadlines
 
     inv = ctx.inv
     runc.delete_force(ctx.runtime, inv, inv.container_id or "")
-    image_path = inv.flag("image-path") or os.path.join(os.getcwd(), "checkpoint")
     deadlines.remove_criu_yards(inv.flag("work-path") or image_path)
 
 
