@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Nodes, run_torpor
+from .support import subnets
 from .support.containerd import Node
 from .support.netns import NetNS, ip, veth_pair
 from .support.processes import wait_for
@@ -57,8 +58,9 @@ def _connect(host: str, port: int) -> LineClient | None:
 def test_five_generations_with_torpor(node: Node, containerd_version: str,
                                       test_image: dict[str, object]) -> None:
     """checkpoint -t, restore, five times over; a client outside keeps one connection open."""
+    subnet = subnets.reserve()
     netns = NetNS("torpor-chain")
-    host_if, _ = veth_pair(None, "10.79.0.1/24", netns, "10.79.0.2/24")
+    host_if, _ = veth_pair(None, f"{subnet.net}.1/24", netns, f"{subnet.net}.2/24")
     name = f"chain-cli-{containerd_version.replace('.', '')}"
     refs = [f"localhost/chain/{name}:gen{n}" for n in range(1, GENERATIONS + 1)]
     try:
@@ -66,7 +68,7 @@ def test_five_generations_with_torpor(node: Node, containerd_version: str,
             names.append(name)
             node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{netns.path}",
                      str(test_image["name"]), name, "sh", "-c", f"kvserver 7000 & {COUNTER}")
-            client = wait_for(lambda: _connect("10.79.0.2", 7000), what="kvserver on the veth")
+            client = wait_for(lambda: _connect(f"{subnet.net}.2", 7000), what="kvserver on the veth")
             assert isinstance(client, LineClient)
             assert client.ask("SET chain started") == "OK"
             last = wait_counter_above(node, name, 5)
@@ -92,6 +94,7 @@ def test_five_generations_with_torpor(node: Node, containerd_version: str,
     finally:
         ip("link", "delete", host_if, check=False)
         netns.delete()
+        subnet.release()
         for ref in refs:
             run_torpor(node, "rm", ref, check=False)
             node.ctr("images", "rm", ref, check=False)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import run_torpor
+from .support import subnets
 from .support.containerd import Node
 from .support.netns import NetNS, veth_pair
 from .support.processes import wait_for
@@ -69,10 +70,17 @@ def test_counter_continues(node: Node, torpor_bin: Path, tmp_path: Path,
 
 
 @contextlib.contextmanager
-def kvserver_on_veth(node: Node, test_image: dict[str, object], name: str,
-                     net: str) -> Iterator[tuple[NetNS, LineClient]]:
+def kvserver_on_veth(node: Node, test_image: dict[str, object],
+                     name: str) -> Iterator[tuple[NetNS, LineClient, str]]:
     """kvserver in container `name`, in a network namespace of its own that the host reaches
-    over a veth (NET.1 here, NET.2 there), and a client connected to it; all removed after."""
+    over a veth (NET.1 here, NET.2 there, on a subnet reserved for the test), a client
+    connected to it, and its address; all removed after."""
+    with subnets.reserved() as (subnet,):
+        yield from _kvserver_on_veth(node, test_image, name, subnet.net)
+
+
+def _kvserver_on_veth(node: Node, test_image: dict[str, object], name: str,
+                      net: str) -> Iterator[tuple[NetNS, LineClient, str]]:
     netns = NetNS("torpor-ctr")
     host_if, _ = veth_pair(None, f"{net}.1/24", netns, f"{net}.2/24")
     try:
@@ -82,7 +90,7 @@ def kvserver_on_veth(node: Node, test_image: dict[str, object], name: str,
                      str(test_image["name"]), name, "kvserver", "7000")
             client = wait_for(lambda: _connect(f"{net}.2", 7000), what="kvserver on the veth")
             assert isinstance(client, LineClient)
-            yield netns, client
+            yield netns, client, f"{net}.2"
     finally:
         netns.delete()
         from .support.netns import ip
@@ -92,7 +100,7 @@ def kvserver_on_veth(node: Node, test_image: dict[str, object], name: str,
 
 def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
                                              test_image: dict[str, object]) -> None:
-    with kvserver_on_veth(node, test_image, "tcp-kv", "10.77.0") as (netns, client):
+    with kvserver_on_veth(node, test_image, "tcp-kv") as (netns, client, server):
         assert client.ask("SET greeting hello") == "OK"
         assert client.ask("INCR hits") == "1"
         run_torpor(node, "checkpoint", "tcp-kv", "-o", str(tmp_path / "ck"),
@@ -104,7 +112,7 @@ def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
         assert client.ask("GET greeting") == "hello"
         assert client.ask("INCR hits") == "2"
         assert client.ask("SERVED") == "5"
-        fresh = LineClient("10.77.0.2", 7000)
+        fresh = LineClient(server, 7000)
         assert fresh.ask("GET greeting") == "hello"
         client.close()
         fresh.close()
@@ -117,11 +125,11 @@ def test_a_client_connecting_while_the_workload_is_frozen_does_not_fail_its_chec
     ([checkpoint] skip_in_flight): a paused container is checkpointed, left running, with a
     client waiting in its listen queue; resumed, it answers that client, and its checkpoint
     restores with the state."""
-    with kvserver_on_veth(node, test_image, "in-flight", "10.76.0") as (netns, client):
+    with kvserver_on_veth(node, test_image, "in-flight") as (netns, client, server):
         assert client.ask("SET greeting hello") == "OK"
         client.close()
         node.ctr("tasks", "pause", "in-flight")
-        waiting = socket.create_connection(("10.76.0.2", 7000), timeout=60)
+        waiting = socket.create_connection((server, 7000), timeout=60)
         waiting.sendall(b"GET greeting\n")       # in the queue: nobody accept()s it
         run_torpor(node, "checkpoint", "in-flight", "-o", str(tmp_path / "ck"),
                    "--leave-running")
@@ -132,7 +140,7 @@ def test_a_client_connecting_while_the_workload_is_frozen_does_not_fail_its_chec
         node.ctr("tasks", "delete", "--force", "in-flight")
         node.ctr("containers", "delete", "in-flight")
         run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)
-        fresh = wait_for(lambda: _connect("10.76.0.2", 7000), what="the restored kvserver")
+        fresh = wait_for(lambda: _connect(server, 7000), what="the restored kvserver")
         assert isinstance(fresh, LineClient)
         assert fresh.ask("GET greeting") == "hello"
         fresh.close()
@@ -354,28 +362,34 @@ def test_volume_policy_and_bind_mounted_dev_shm(node: Node, tmp_path: Path,
 
 def test_restore_into_a_namespace_lacking_the_socket_addresses(
         node: Node, tmp_path: Path, test_image: dict[str, object]) -> None:
+    with subnets.reserved() as (subnet,):
+        _restore_into_a_namespace_lacking(node, tmp_path, test_image, subnet.net)
+
+
+def _restore_into_a_namespace_lacking(node: Node, tmp_path: Path,
+                                      test_image: dict[str, object], net: str) -> None:
     first, other = NetNS("torpor-n1"), NetNS("torpor-n2")
-    host_if, _ = veth_pair(None, "10.78.0.1/24", first, "10.78.0.2/24")
+    host_if, _ = veth_pair(None, f"{net}.1/24", first, f"{net}.2/24")
     try:
         with containers(node) as names:
             names += ["addr", "addr-b"]
             node.ctr("run", "-d", *SHIM, "--with-ns", f"network:{first.path}",
                      str(test_image["name"]), "addr", "kvserver", "7000")
-            client = wait_for(lambda: _connect("10.78.0.2", 7000), what="kvserver on the veth")
+            client = wait_for(lambda: _connect(f"{net}.2", 7000), what="kvserver on the veth")
             assert isinstance(client, LineClient)
             assert client.ask("SET where first") == "OK"
             run_torpor(node, "checkpoint", "addr", "-o", str(tmp_path / "ck"), "--tcp-established")
             result = run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "addr-b",
                                 "--netns", other.path, check=False)
             assert result.returncode != 0
-            assert "lacks the addresses the checkpointed sockets are bound to: 10.78.0.2" \
+            assert f"lacks the addresses the checkpointed sockets are bound to: {net}.2" \
                 in result.stderr
             assert "--add-addresses" in result.stderr
             assert "addr-b" not in node.ctr("containers", "ls", "-q").stdout.split()
             run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "addr-b",
                        "--netns", other.path, "--add-addresses")
             assert kv_ask(node, "addr-b", "GET where") == "first"
-            assert "10.78.0.2" in other.run("ip", "-o", "addr").stdout
+            assert f"{net}.2" in other.run("ip", "-o", "addr").stdout
             client.close()
     finally:
         from .support.netns import ip

@@ -25,8 +25,8 @@ import pytest
 import zstandard
 
 from .conftest import run_torpor
-from .support import cri, ecosystem
-from .support.netns import NetNS, ip
+from .support import cri, ecosystem, subnets
+from .support.netns import NetNS
 from .support.processes import free_port, kill_pid, wait_for
 from .support.registry import Registry
 from .support.workload import COUNTER, LineClient, exec_out, remove
@@ -50,29 +50,27 @@ class Cluster:
         return cri.Crictl(node)
 
 
-def free_subnets(count: int) -> list[int]:
-    """Second octets of 10.N.0.0/24 networks no route on this machine uses."""
-    used = {int(line.split(".")[1]) for line in ip("-4", "route").stdout.split()
-            if line.startswith("10.") and line.count(".") == 3}
-    return [n for n in range(200, 255) if n not in used][:count]
-
-
 @pytest.fixture(scope="module")
 def cluster(world: World) -> Iterator[Cluster]:
     base = world.base / "kubernetes"
     base.mkdir()
     registry = Registry(base, "registry").start()
     nodes: list[cri.CriNode] = []
+    held: list[subnets.Subnet] = []   # the nodes' pod bridges are the host's
     try:
         refs = cri.publish_images(base, registry, world.image_layout)
-        for name, subnet in zip(("ka", "kb"), free_subnets(2), strict=True):
-            cri.start_node(base, name, world.bin, world.config, refs, subnet, started=nodes)
+        for name in ("ka", "kb"):
+            held.append(subnets.reserve())
+            cri.start_node(base, name, world.bin, world.config, refs, held[-1].octet,
+                           started=nodes)
         work = base / "work"
         work.mkdir()
         yield Cluster(nodes[0], nodes[1], registry, refs, work)
     finally:
         for node in reversed(nodes):
             node.stop()
+        for subnet in held:
+            subnet.release()
         registry.stop()
 
 

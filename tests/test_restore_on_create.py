@@ -24,14 +24,13 @@ import pytest
 from torpor.image.store import Store
 
 from .conftest import Nodes, run_torpor
-from .support import cri
+from .support import cri, subnets
 from .support.containerd import Node
 from .support.nerdctl import Nerdctl
 from .support.processes import wait_for
 from .support.registry import Registry
 from .support.workload import COUNTER, read_counter, remove, task_status, wait_counter_above
 from .support.world import World
-from .test_kubernetes import free_subnets
 
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
@@ -260,23 +259,27 @@ def cri_pair(world: World, keys: Path, containerd_version: str,
     base.mkdir()
     registry = Registry(base, "registry").start()
     started: list[cri.CriNode] = []
+    held: list[subnets.Subnet] = []   # the nodes' pod bridges are the host's
     try:
         refs = cri.publish_images(base, registry, world.image_layout)
-        for name, subnet in zip(("oca", "ocb"), free_subnets(2), strict=True):
+        for name in ("oca", "ocb"):
+            held.append(subnets.reserve())
             config = base / f"{name}.toml"
             policy = (f'on_create = "signed"\ntrusted_keys = ["{keys / "signer.pub"}"]\n'
                       if name == "ocb" else "")
             config.write_text(f'[runtime]\nstate_dir = "{base}/{name}-state"\n'
                               f'log_dir = "{base}/{name}-logs"\n[image]\n'
                               f'store = "{base}/{name}-store"\n[restore]\n{policy}')
-            cri.start_node(base, name, world.bin, config, refs, subnet, containerd_version,
-                           runc_version, started)
+            cri.start_node(base, name, world.bin, config, refs, held[-1].octet,
+                           containerd_version, runc_version, started)
         work = base / "work"
         work.mkdir()
         yield CriPair(started[0], started[1], registry, refs, work)
     finally:
         for node in reversed(started):
             node.stop()
+        for subnet in held:
+            subnet.release()
         registry.stop()
 
 

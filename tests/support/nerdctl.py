@@ -18,12 +18,11 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from . import ecosystem
+from . import ecosystem, subnets
 from .containerd import Node
 from .netns import ip
 from .processes import wait_for
 
-_subnets = itertools.count(1)
 _instances = itertools.count(1)
 
 
@@ -36,6 +35,7 @@ class Nerdctl:
         self.netconf = self.root / "net.d"
         self.netconf.mkdir(parents=True, exist_ok=True)
         self.bridges: list[str] = []
+        self.subnets: list[subnets.Subnet] = []
         self.ctr("images", "import", str(image_tar))
 
     @property
@@ -63,8 +63,11 @@ class Nerdctl:
         return result
 
     def bridge(self, name: str) -> tuple[str, str]:
-        """A CNI bridge network NAME; its subnet's prefix ("10.93.N.") and the gateway."""
-        prefix = f"10.93.{next(_subnets)}."
+        """A CNI bridge network NAME on a subnet reserved for the test; the subnet's prefix
+        ("10.N.0.") and the gateway."""
+        subnet = subnets.reserve()
+        self.subnets.append(subnet)
+        prefix = f"{subnet.net}."
         device = f"tn{uuid.uuid4().hex[:8]}"
         self.bridges.append(device)
         (self.netconf / f"10-{name}.conflist").write_text(json.dumps({
@@ -111,6 +114,8 @@ class Nerdctl:
         self.ctr("namespaces", "remove", self.namespace, check=False)
         for device in self.bridges:
             ip("link", "delete", device, check=False)
+        for subnet in self.subnets:
+            subnet.release()
         shutil.rmtree(f"/run/containerd/runc/{self.namespace}", ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
         if os.path.isdir(self.root):
