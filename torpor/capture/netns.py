@@ -1,4 +1,4 @@
-"""A container's network identity: capture it with pyroute2, check it, set it up again.
+"""A container's network identity: capture it, check it, set it up again.
 
 runc always gives CRIU `--empty-ns network`, so CRIU saves sockets but nothing of the namespace
 they live in. torpor records links (kind, MAC, MTU, state), addresses, routes, rules and
@@ -6,7 +6,8 @@ neighbours before the dump, plus the local addresses its sockets are bound to. O
 new namespace (runc made it), the hook brings up lo and puts back the addresses and routes of the
 links that exist there before CRIU binds sockets again; into an existing namespace (a path, as
 in a pod), the addresses the sockets need are checked, and added only when asked to.
-pyroute2's errors become NetworkError here.
+Reading is plain netlink (torpor.capture.netlink); the writes are pyroute2's, whose errors
+become NetworkError here.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import importlib.util
 import ipaddress
 import os
 import socket
+import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from torpor.capture import netlink
 from torpor.errors import NetworkError
 from torpor.formats.network import (
     Address,
@@ -101,53 +104,138 @@ def _defer_pyroute2_package() -> None:
     sys.modules["pyroute2"] = package
 
 
-def _links(ipr: Any) -> tuple[list[Link], dict[int, str]]:
+RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE, RTM_GETNEIGH, RTM_GETRULE = 18, 22, 26, 30, 34
+SOCK_DIAG_BY_FAMILY = 20
+IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
+RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg and fib_rule_hdr: family, dst_len, src_len, tos,
+#                                      table, protocol (rules: 2 reserved), scope, type (action)
+NDMSG = struct.Struct("=BxxxiHBB")  # ndmsg: family, ifindex, state, flags, type
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 1, 3, 4, 18, 1
+IFA_ADDRESS = 1
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_TABLE = 1, 4, 5, 6, 7, 15
+FRA_PRIORITY, FRA_TABLE = 6, 15
+NDA_DST, NDA_LLADDR = 1, 2
+IFF_UP = 0x1
+U32 = struct.Struct("=I")
+# inet_diag_req_v2 (family, protocol, extensions, pad, states, an empty socket id) and the
+# inet_diag_msg answer: family, state, then the id (source port at 4, big-endian; source
+# address at 8)
+DIAG_REQUEST = struct.Struct("=BBBBI48x")
+ALL_STATES = 0xFFFFFFFF
+SOCKET_TABLES = (("tcp", socket.AF_INET, socket.IPPROTO_TCP),
+                 ("tcp6", socket.AF_INET6, socket.IPPROTO_TCP),
+                 ("udp", socket.AF_INET, socket.IPPROTO_UDP),
+                 ("udp6", socket.AF_INET6, socket.IPPROTO_UDP))
+
+
+def _ip(family: int, raw: bytes | None) -> str | None:
+    if raw is None or family not in FAMILIES:
+        return None
+    return socket.inet_ntop(family, raw)
+
+
+def _u32(raw: bytes | None) -> int | None:
+    return U32.unpack_from(raw)[0] if raw is not None and len(raw) >= 4 else None
+
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.split(b"\0", 1)[0].decode(errors="replace") if raw is not None else None
+
+
+def _lladdr(raw: bytes | None) -> str | None:
+    return ":".join(f"{b:02x}" for b in raw) if raw is not None else None
+
+
+def _links(sock: socket.socket) -> tuple[list[Link], dict[int, str | None]]:
     links, names = [], {}
-    for msg in ipr.get_links():
-        index, name = msg["index"], msg.get("ifname")
+    for msg in netlink.dump(sock, RTM_GETLINK, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        _family, _type, index, flags, _change = IFINFO.unpack_from(msg)
+        attrs = netlink.attributes(msg, IFINFO.size)
+        name = _text(attrs.get(IFLA_IFNAME))
+        info = attrs.get(IFLA_LINKINFO)
+        kind = _text(netlink.attributes(info, 0).get(IFLA_INFO_KIND)) if info else None
         names[index] = name
-        links.append(Link(
-            index=index, ifname=name,
-            kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND") or (
-                "loopback" if name == "lo" else None),
-            address=msg.get("address"), mtu=msg.get("mtu"), state=msg.get("state"),
-            flags=msg["flags"]))
+        links.append(Link(index=index, ifname=name,
+                          kind=kind or ("loopback" if name == "lo" else None),
+                          address=_lladdr(attrs.get(IFLA_ADDRESS)), mtu=_u32(attrs.get(IFLA_MTU)),
+                          state="up" if flags & IFF_UP else "down", flags=flags))
     return links, names
+
+
+def _addresses(sock: socket.socket, names: dict[int, str | None]) -> list[Address]:
+    addresses = []
+    for msg in netlink.dump(sock, RTM_GETADDR, IFADDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        family, prefixlen, _flags, scope, index = IFADDR.unpack_from(msg)
+        attrs = netlink.attributes(msg, IFADDR.size)
+        addresses.append(Address(ifname=names.get(index),
+                                 family=FAMILIES.get(family, str(family)),
+                                 address=_ip(family, attrs.get(IFA_ADDRESS)),
+                                 prefixlen=prefixlen, scope=scope))
+    return addresses
+
+
+def _routes(sock: socket.socket, names: dict[int, str | None]) -> list[Route]:
+    routes = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for msg in netlink.dump(sock, RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+            _f, dst_len, _src_len, _tos, table, proto, scope, kind, _flags = RTMSG.unpack_from(msg)
+            attrs = netlink.attributes(msg, RTMSG.size)
+            table = _u32(attrs.get(RTA_TABLE)) or table
+            if table == 255:  # the kernel's local table follows the addresses
+                continue
+            routes.append(Route(
+                family=FAMILIES[family], dst=_ip(family, attrs.get(RTA_DST)), dst_len=dst_len,
+                gateway=_ip(family, attrs.get(RTA_GATEWAY)),
+                oif=names.get(_u32(attrs.get(RTA_OIF)) or 0),
+                prefsrc=_ip(family, attrs.get(RTA_PREFSRC)), table=table, scope=scope,
+                proto=proto, type=kind, priority=_u32(attrs.get(RTA_PRIORITY))))
+    return routes
+
+
+def _rules(sock: socket.socket) -> list[Rule]:
+    rules = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for msg in netlink.dump(sock, RTM_GETRULE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+            *_head, table, _r1, _r2, action, _flags = RTMSG.unpack_from(msg)
+            attrs = netlink.attributes(msg, RTMSG.size)
+            from_attr = _u32(attrs.get(FRA_TABLE))
+            rules.append(Rule(family=FAMILIES.get(family),
+                              table=from_attr if from_attr is not None else table,
+                              priority=_u32(attrs.get(FRA_PRIORITY)), action=action))
+    return rules
+
+
+def _neighbours(sock: socket.socket, names: dict[int, str | None]) -> list[Neighbour]:
+    neighbours = []
+    for msg in netlink.dump(sock, RTM_GETNEIGH, NDMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        family, index, state, _flags, _type = NDMSG.unpack_from(msg)
+        attrs = netlink.attributes(msg, NDMSG.size)
+        neighbours.append(Neighbour(ifname=names.get(index), dst=_ip(family, attrs.get(NDA_DST)),
+                                    lladdr=_lladdr(attrs.get(NDA_LLADDR)), state=state))
+    return neighbours
 
 
 def snapshot(netns: str) -> NetnsSnapshot:
     """Links, addresses, routes, rules and neighbours of the namespace at `netns`."""
     try:
-        with _ipr(netns) as ipr:
-            links, names = _links(ipr)
-            addresses = [Address(
-                ifname=names.get(a["index"]), family=FAMILIES.get(a["family"], str(a["family"])),
-                address=a.get("address"), prefixlen=a["prefixlen"], scope=a["scope"],
-            ) for a in ipr.get_addr()]
-            routes = []
-            for family in (socket.AF_INET, socket.AF_INET6):
-                for r in ipr.get_routes(family=family):
-                    table = r.get("table") or r["table"]
-                    if table == 255:  # the kernel's local table follows the addresses
-                        continue
-                    routes.append(Route(
-                        family=FAMILIES[family], dst=r.get("dst"), dst_len=r["dst_len"],
-                        gateway=r.get("gateway"), oif=names.get(r.get("oif") or 0),
-                        prefsrc=r.get("prefsrc"), table=table, scope=r["scope"],
-                        proto=r["proto"], type=r["type"], priority=r.get("priority")))
-            rules = [Rule(family=FAMILIES.get(r["family"]), table=r.get("table"),
-                          priority=r.get("priority"), action=r["action"])
-                     for family in (socket.AF_INET, socket.AF_INET6)
-                     for r in ipr.get_rules(family=family)]
-            neighbours = [Neighbour(ifname=names.get(n["ifindex"]), dst=n.get("dst"),
-                                    lladdr=n.get("lladdr"), state=n["state"])
-                          for n in ipr.get_neighbours()]
-    except NetworkError:
-        raise
-    except Exception as e:
+        with _netlink(netns, socket.NETLINK_ROUTE) as sock:
+            links, names = _links(sock)
+            addresses = _addresses(sock, names)
+            routes = _routes(sock, names)
+            rules = _rules(sock)
+            neighbours = _neighbours(sock, names)
+    except (OSError, struct.error) as e:
         raise NetworkError(f"cannot read network namespace {netns}: {e}") from None
     return NetnsSnapshot(tuple(links), tuple(addresses), tuple(routes), tuple(rules),
                          tuple(neighbours))
+
+
+def _netlink(netns: str, protocol: int) -> socket.socket:
+    try:
+        return netlink.socket_in(netns, protocol)
+    except OSError as e:
+        raise NetworkError(f"cannot enter network namespace {netns}: {e.strerror or e}") from None
 
 
 def _hex_address(text: str) -> str:
@@ -155,27 +243,58 @@ def _hex_address(text: str) -> str:
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw[::-1]))
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-    address = ipaddress.IPv6Address(words)
+    return _socket_ip(socket.AF_INET6, words)
+
+
+def _socket_ip(family: int, raw: bytes) -> str:
+    if family == socket.AF_INET:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    address = ipaddress.IPv6Address(raw[:16])
     return str(address.ipv4_mapped or address)
 
 
 def socket_addresses(pid: int) -> tuple[SocketAddress, ...]:
-    """TCP and UDP sockets in pid's network namespace: local address, port and state."""
-    sockets = []
-    for proto in ("tcp", "tcp6", "udp", "udp6"):
-        try:
-            with open(f"/proc/{pid}/net/{proto}") as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state = fields[1], fields[3]
-            host, port = local.split(":")
-            sockets.append(SocketAddress(
-                proto=proto.rstrip("6"), address=_hex_address(host), port=int(port, 16),
-                state=TCP_STATES.get(state, state) if proto.startswith("tcp") else "udp"))
+    """TCP and UDP sockets in pid's network namespace: local address, port and state. Asked of
+    sock_diag; a table it does not serve (its kernel module missing) is read from /proc."""
+    netns = f"/proc/{pid}/ns/net"
+    sockets: list[SocketAddress] = []
+    try:
+        with _netlink(netns, netlink.NETLINK_SOCK_DIAG) as sock:
+            for table, family, protocol in SOCKET_TABLES:
+                try:
+                    answers = netlink.dump(sock, SOCK_DIAG_BY_FAMILY,
+                                           DIAG_REQUEST.pack(family, protocol, 0, 0, ALL_STATES))
+                except OSError:
+                    sockets += proc_sockets(pid, table)
+                    continue
+                for msg in answers:
+                    msg_family, state = msg[0], msg[1]
+                    (port,) = struct.unpack_from(">H", msg, 4)
+                    sockets.append(_socket(table, _socket_ip(msg_family, msg[8:24]), port,
+                                           f"{state:02X}"))
+    except NetworkError:
+        return tuple(s for table, _, _ in SOCKET_TABLES for s in proc_sockets(pid, table))
     return tuple(sockets)
+
+
+def proc_sockets(pid: int, table: str) -> list[SocketAddress]:
+    """One of /proc/PID/net/{tcp,tcp6,udp,udp6}, where sock_diag cannot answer."""
+    try:
+        with open(f"/proc/{pid}/net/{table}") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    sockets = []
+    for line in lines:
+        fields = line.split()
+        host, port = fields[1].split(":")
+        sockets.append(_socket(table, _hex_address(host), int(port, 16), fields[3]))
+    return sockets
+
+
+def _socket(table: str, address: str, port: int, state: str) -> SocketAddress:
+    return SocketAddress(proto=table.rstrip("6"), address=address, port=port,
+                         state=TCP_STATES.get(state, state) if table.startswith("tcp") else "udp")
 
 
 def needed_addresses(sockets: Sequence[SocketAddress]) -> list[str]:
@@ -190,11 +309,9 @@ def needed_addresses(sockets: Sequence[SocketAddress]) -> list[str]:
 
 def present_addresses(netns: str) -> set[str]:
     try:
-        with _ipr(netns) as ipr:
-            return {a.get("address") for a in ipr.get_addr()}
-    except NetworkError:
-        raise
-    except Exception as e:
+        with _netlink(netns, socket.NETLINK_ROUTE) as sock:
+            return {a.address for a in _addresses(sock, {}) if a.address}
+    except (OSError, struct.error) as e:
         raise NetworkError(f"cannot read addresses in {netns}: {e}") from None
 
 

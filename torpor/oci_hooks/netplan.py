@@ -16,30 +16,13 @@ import socket
 import struct
 
 from torpor import fastjson
+from torpor.capture.netlink import setns
 
-CLONE_NEWNET = 0x40000000
 RTM_NEWLINK = 16
 NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
 NLMSG_ERROR = 2
 IFF_UP = 0x1
 LOOPBACK_INDEX = 1
-
-
-def _setns(path: str) -> None:
-    setns = getattr(os, "setns", None)  # Python 3.12+
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if setns is not None:
-            setns(fd, CLONE_NEWNET)
-            return
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno), path)
-    finally:
-        os.close(fd)
 
 
 def _link_up(index: int) -> None:
@@ -68,7 +51,7 @@ def apply(plan_path: str, pid: int) -> None:
             apply_restore_plan(plan, pid)
             return
         if "lo" in plan.get("up", []):
-            _setns(f"/proc/{pid}/ns/net")
+            setns(f"/proc/{pid}/ns/net")
             _link_up(LOOPBACK_INDEX)
     finally:
         try:
