@@ -73,13 +73,14 @@ def torpor(w: World, node: Node, *args: str) -> float:
     return elapsed
 
 
-def runc(node: Node, *args: str) -> float:
+def runc(node: Node, *args: str, env: dict[str, str] | None = None) -> float:
     """Bare runc on the node's runc state. Output to a file, never a pipe: a restored process
     inherits runc's stdio, and would hold a pipe open for as long as it lives."""
     with open(node.root / "bare-runc.log", "ab") as log:
         t = time.perf_counter()
         subprocess.run(["runc", "--root", f"/run/containerd/runc/{node.namespace}", *args],
-                       check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                       check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                       env={**os.environ, **(env or {})})
         return time.perf_counter() - t
 
 

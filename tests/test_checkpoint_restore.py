@@ -37,6 +37,19 @@ pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
 
 
+NETWORK_LOCK_IPTABLES, NETWORK_LOCK_SKIP = 0, 2   # CRIU's enum NETWORK_LOCK_METHOD
+
+
+def network_lock_of(checkpoint: Path) -> int:
+    """The network lock CRIU held during the dump, and holds again during every restore of it
+    (its inventory records the method)."""
+    from torpor.criu_images.reader import read_one
+
+    inventory = read_one(str(checkpoint / "criu" / "inventory.img"), "INVENTORY",
+                         "inventory_entry")
+    return int(inventory.network_lock_method)
+
+
 def runc_binary(torpor_bin: Path) -> list[str]:
     return ["--runtime", "io.containerd.runc.v2", "--runc-binary", str(torpor_bin / "torpor-runc")]
 
@@ -61,6 +74,8 @@ def test_counter_continues(node: Node, torpor_bin: Path, tmp_path: Path,
             assert task_status(node, name) == "STOPPED"
         checkpointed = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
         assert checkpointed["container"]["id"] == name
+        # no TCP connection dumped: no iptables lock on the dump nor on its restores
+        assert network_lock_of(tmp_path / "ck") == NETWORK_LOCK_SKIP
         run_torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
         resumed = read_counter(node, f"{name}-b")
         assert resumed >= before  # from where it was, not from zero
@@ -105,6 +120,8 @@ def test_established_tcp_connection_survives(node: Node, tmp_path: Path,
         assert client.ask("INCR hits") == "1"
         run_torpor(node, "checkpoint", "tcp-kv", "-o", str(tmp_path / "ck"),
                    "--tcp-established")
+        # the connection is dumped in repair mode: CRIU's lock holds the namespace still
+        assert network_lock_of(tmp_path / "ck") == NETWORK_LOCK_IPTABLES
         node.ctr("tasks", "delete", "tcp-kv")
         node.ctr("containers", "delete", "tcp-kv")
         run_torpor(node, "restore", str(tmp_path / "ck"), "--netns", netns.path)

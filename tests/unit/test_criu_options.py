@@ -3,10 +3,15 @@ shim gives torpor-runc -> the options torpor-runc reads back -> the flags a rest
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from torpor import config
 from torpor.containerd.runtime import checkpoint_options
+from torpor.errors import ConfigError
 from torpor.formats.criu import CriuOptions
+from torpor.shim import checkpoint_cmd
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options
 
@@ -47,3 +52,33 @@ def test_restore_repeats_what_the_dump_needs() -> None:
                                       "--shell-job"]
     assert CriuOptions(leave_running=True).restore_flags() == []
     assert ALL_ON.enabled()[-1] == "leave-running"
+
+
+@pytest.mark.parametrize(("configured", "tcp_established", "inherited", "told"), [
+    ("auto", False, None, "skip"),               # nothing in repair mode: no lock to pay for
+    ("auto", True, None, None),                  # connections held still by CRIU's own
+    ("auto", False, "network-lock nftables\n", None),   # the caller's CRIU config decides
+    ("auto", False, "--network-lock iptables\n", None),
+    ("auto", False, "skip-in-flight\n", "skip"),
+    ("iptables", False, None, "iptables"),       # the node's choice, either way
+    ("skip", True, None, "skip"),
+])
+def test_the_network_lock_is_skipped_only_where_nothing_needs_it(
+        configured: str, tcp_established: bool, inherited: str | None, told: str | None,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if inherited is None:
+        monkeypatch.delenv("CRIU_CONFIG_FILE", raising=False)
+    else:
+        (tmp_path / "criu.conf").write_text(inherited)
+        monkeypatch.setenv("CRIU_CONFIG_FILE", str(tmp_path / "criu.conf"))
+    options = CriuOptions(tcp_established=tcp_established)
+    assert checkpoint_cmd.network_lock(configured, options) == told
+
+
+def test_a_network_lock_the_config_does_not_know_is_refused(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[checkpoint]\nnetwork_lock = "off"\n')
+    monkeypatch.setenv("TORPOR_CONFIG", str(path))
+    with pytest.raises(ConfigError, match=r"\[checkpoint\] network_lock = 'off' is not one of"):
+        config.load()

@@ -25,7 +25,8 @@ interrupted checkpoint leaves the workload running, thawed and GPU-unlocked:
     stops it; abort (or that `torpor` dies), and CRIU lets it run on. runc's CRIU reads a
     configuration of torpor's too (CRIU_CONFIG_FILE): `skip-in-flight` ([checkpoint]
     skip_in_flight), so that a client the kernel accepted for the frozen workload fails
-    nothing;
+    nothing, and `network-lock skip` where no TCP connection is dumped ([checkpoint]
+    network_lock, network_lock below);
  7. write torpor-state.json, the CRIU options in force included, so restore can put them back
     (the post-dump hook writes it in the two-phase stop, before the checkpoint is written); in
     a pod, runc's descriptors.json becomes torpor's, so only torpor-runc restores it;
@@ -168,7 +169,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
             # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
             ran, we_froze, saved = _dump_leaving_running(
                 ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings,
-                runtime_lock, request)
+                runtime_lock, request, criu=criu)
         else:
             with frozen(cgroup, ctx.log) as we_froze:
                 interrupt.hold(ctx, "frozen")
@@ -181,9 +182,9 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                         container_id, pid, criu, policy, network, saved, tree, gpu, timings,
                         started, we_froze, seal).dumps().decode())
                     env = post_dump.install(journal, ctx.cfg.runtime_state_dir,
-                                            criu_lines(ctx))
+                                            criu_lines(ctx, criu))
                 else:
-                    env = undo.enter_context(criu_config(ctx))
+                    env = undo.enter_context(criu_config(ctx, criu))
                 t = time.monotonic()
                 with writing_back(request, image_path):
                     ran = run_runc(ctx, argv, guardian, env, journal, pid,
@@ -245,13 +246,13 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
                           journal: Journal | None, pid: int, config: OciSpec,
                           policy: FilePolicy, image_path: str, timings: dict[str, float],
                           runtime_lock: int | None = None,
-                          request: CheckpointRequest | None = None,
-                          ) -> tuple[RuncRun, bool, SavedFiles]:
+                          request: CheckpointRequest | None = None, *,
+                          criu: CriuOptions) -> tuple[RuncRun, bool, SavedFiles]:
     """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
     hook = pre_dump.PreDumpHook.install(cgroup, journal.path if journal else None,
-                                        ctx.cfg.runtime_state_dir, criu_lines(ctx))
+                                        ctx.cfg.runtime_state_dir, criu_lines(ctx, criu))
     we_froze = False
     saved = SavedFiles()
     try:
@@ -283,16 +284,47 @@ def skip_in_flight_flag(ctx: Context, inv: Invocation) -> list[str]:
     return []
 
 
-def criu_lines(ctx: Context) -> tuple[str, ...]:
+def criu_lines(ctx: Context, criu: CriuOptions) -> tuple[str, ...]:
     """CRIU's options torpor-runc adds to runc's, by the node's configuration."""
-    return ("skip-in-flight",) if ctx.cfg.checkpoint_skip_in_flight else ()
+    lines = ["skip-in-flight"] if ctx.cfg.checkpoint_skip_in_flight else []
+    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu)
+    if lock:
+        lines.append(f"network-lock {lock}")
+    return tuple(lines)
+
+
+def network_lock(configured: str, criu: CriuOptions) -> str | None:
+    """The network lock CRIU is told to use ([checkpoint] network_lock), None for its own.
+    CRIU's lock drops every packet in the container's namespace (iptables rules it adds and
+    removes, ~50 ms of iptables-restore on each of the dump and the restore) so that TCP
+    connections it dumps or restores in repair mode hold still. Without --tcp-established
+    there are none (CRIU refuses an established connection), so "auto" skips it; the restore
+    uses the method the dump recorded. A CRIU configuration of the caller's
+    (CRIU_CONFIG_FILE) that names its own lock keeps it."""
+    if configured != "auto":
+        return configured
+    if criu.tcp_established or _inherited_lock():
+        return None
+    return "skip"
+
+
+def _inherited_lock() -> bool:
+    path = os.environ.get("CRIU_CONFIG_FILE")
+    if not path:
+        return False
+    try:
+        with open(path) as f:
+            return any(line.split()[:1] == ["network-lock"] or
+                       line.strip().startswith("--network-lock") for line in f)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
-def criu_config(ctx: Context) -> Iterator[dict[str, str] | None]:
+def criu_config(ctx: Context, criu: CriuOptions) -> Iterator[dict[str, str] | None]:
     """runc's environment naming a CRIU configuration with criu_lines (None: runc's own
     environment), for a checkpoint without torpor's hooks; removed afterwards."""
-    lines = criu_lines(ctx)
+    lines = criu_lines(ctx, criu)
     if not lines:
         yield None
         return
