@@ -49,6 +49,7 @@ u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("192.0.2.7", 7072)
 u6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); u6.bind(("fd00::5", 7073))
 c = socket.create_connection(("127.0.0.1", 7070)); s, _ = l4.accept()
 m = socket.socket(socket.AF_INET6); m.connect(("::ffff:127.0.0.1", 7070))
+b = socket.socket(); b.bind(("192.0.2.7", 7074))   # bound only: not in /proc/net/tcp
 print("ready", flush=True)
 sys.stdin.read()
 """
@@ -164,6 +165,7 @@ def test_every_socket_is_found_as_proc_lists_it(namespace: int) -> None:
             ("udp", "192.0.2.7", 7072, "udp"), ("udp", "fd00::5", 7073, "udp")} <= seen
     # both ends of the connection, and the v4-mapped one read as IPv4
     assert sum(1 for s in ours if s.state == "established") == 4
+    assert not any(s.port == 7074 for s in ours)
     assert netns.needed_addresses(ours) == ["192.0.2.7", "fd00::5"]
 
 

@@ -10,6 +10,7 @@ addresses and routes) stay with pyroute2.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -56,19 +57,36 @@ def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def socket_in(netns: str, protocol: int) -> socket.socket:
-    """A netlink socket of `protocol` bound to the namespace at `netns`: this thread enters it,
-    opens the socket there and comes back (a socket stays in the namespace it was made in)."""
+class NamespaceStuck(RuntimeError):
+    """This thread could not go back to its own network namespace: whatever the process does
+    next on it (connections, sockets) would happen in the other one. Never caught as a
+    NetworkError: the process must end."""
+
+
+@contextlib.contextmanager
+def entered(netns: str) -> Iterator[None]:
+    """This thread inside the network namespace at `netns` for the block, then back in its own
+    (OSError: not entered; NamespaceStuck: not back)."""
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
         setns(netns)
         try:
-            return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
-                                 protocol)
+            yield
         finally:
-            _enter(own, "/proc/thread-self/ns/net")
+            try:
+                _enter(own, "/proc/thread-self/ns/net")
+            except OSError as e:
+                raise NamespaceStuck(f"cannot return to this thread's network namespace from "
+                                     f"{netns}: {e.strerror or e}") from None
     finally:
         os.close(own)
+
+
+def socket_in(netns: str, protocol: int) -> socket.socket:
+    """A netlink socket of `protocol` bound to the namespace at `netns` (a socket stays in the
+    namespace it was made in)."""
+    with entered(netns):
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, protocol)
 
 
 def dump(sock: socket.socket, kind: int, body: bytes) -> list[bytes]:
@@ -99,7 +117,11 @@ def _dump_once(sock: socket.socket, kind: int, body: bytes) -> tuple[list[bytes]
                 raise OSError(f"netlink dump {kind}: a malformed answer")
             if seq == sequence:
                 interrupted |= bool(msg_flags & NLM_F_DUMP_INTR)
-                if kind_back == NLMSG_DONE:
+                if kind_back == NLMSG_DONE:   # its payload: the dump's own status
+                    if length >= HEADER.size + 4:
+                        (status,) = struct.unpack_from("=i", data, offset + HEADER.size)
+                        if status < 0:
+                            raise OSError(-status, os.strerror(-status), f"netlink dump {kind}")
                     return answers, interrupted
                 if kind_back == NLMSG_ERROR:
                     (error,) = struct.unpack_from("=i", data, offset + HEADER.size)

@@ -47,36 +47,22 @@ def _ipr(netns: str) -> Any:
     """An IPRoute whose netlink socket lives in the namespace at `netns`.
 
     pyroute2's own `IPRoute(netns=...)` forks a child to enter the namespace (150-450 ms here);
-    instead this thread enters it (setns on a descriptor opened read-only: never creating a
-    namespace, as pyroute2's O_CREAT default would), opens the socket there, and comes back to
-    its own namespace. The socket stays bound to the namespace it was made in."""
+    instead this thread enters it (netlink.entered: never creating a namespace, as pyroute2's
+    O_CREAT default would), opens the socket there, and comes back to its own namespace."""
     _defer_pyroute2_package()
     from pyroute2.iproute.linux import IPRoute
-    from pyroute2.netns import setns
 
     try:
-        target = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        raise NetworkError(f"cannot enter network namespace {netns}: {e.strerror}") from None
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        setns(target)
-        try:
+        with netlink.entered(netns):
             return IPRoute()
-        finally:
-            setns(own)
     except OSError as e:
         raise NetworkError(f"cannot enter network namespace {netns}: {e.strerror or e}") from None
-    finally:
-        os.close(target)
-        os.close(own)
 
 
 def preload() -> None:
     """Import what `_ipr` needs now (torpord, before it forks its children)."""
     _defer_pyroute2_package()
     importlib.import_module("pyroute2.iproute.linux")
-    importlib.import_module("pyroute2.netns")
 
 
 def _defer_pyroute2_package() -> None:
@@ -123,6 +109,9 @@ U32 = struct.Struct("=I")
 # address at 8)
 DIAG_REQUEST = struct.Struct("=BBBBI48x")
 ALL_STATES = 0xFFFFFFFF
+# a TCP socket bound but neither listening nor connected (TCP_CLOSE, and the kernel's
+# TCP_BOUND_INACTIVE pseudo-state since 6.6 that selects them): /proc/net/tcp leaves it out
+TCP_UNLISTED = (1 << 7) | (1 << 13)
 SOCKET_TABLES = (("tcp", socket.AF_INET, socket.IPPROTO_TCP),
                  ("tcp6", socket.AF_INET6, socket.IPPROTO_TCP),
                  ("udp", socket.AF_INET, socket.IPPROTO_UDP),
@@ -179,7 +168,9 @@ def _routes(sock: socket.socket, names: dict[int, str | None]) -> list[Route]:
     routes = []
     for family in (socket.AF_INET, socket.AF_INET6):
         for msg in netlink.dump(sock, RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            _f, dst_len, _src_len, _tos, table, proto, scope, kind, _flags = RTMSG.unpack_from(msg)
+            got, dst_len, _src_len, _tos, table, proto, scope, kind, _flags = RTMSG.unpack_from(msg)
+            if got != family:   # a kernel without the family answers with every family's
+                continue
             attrs = netlink.attributes(msg, RTMSG.size)
             table = _u32(attrs.get(RTA_TABLE)) or table
             if table == 255:  # the kernel's local table follows the addresses
@@ -197,7 +188,9 @@ def _rules(sock: socket.socket) -> list[Rule]:
     rules = []
     for family in (socket.AF_INET, socket.AF_INET6):
         for msg in netlink.dump(sock, RTM_GETRULE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            *_head, table, _r1, _r2, action, _flags = RTMSG.unpack_from(msg)
+            got, *_head, table, _r1, _r2, action, _flags = RTMSG.unpack_from(msg)
+            if got != family:
+                continue
             attrs = netlink.attributes(msg, RTMSG.size)
             from_attr = _u32(attrs.get(FRA_TABLE))
             rules.append(Rule(family=FAMILIES.get(family),
@@ -225,7 +218,7 @@ def snapshot(netns: str) -> NetnsSnapshot:
             routes = _routes(sock, names)
             rules = _rules(sock)
             neighbours = _neighbours(sock, names)
-    except (OSError, struct.error) as e:
+    except (OSError, struct.error, ValueError) as e:
         raise NetworkError(f"cannot read network namespace {netns}: {e}") from None
     return NetnsSnapshot(tuple(links), tuple(addresses), tuple(routes), tuple(rules),
                          tuple(neighbours))
@@ -254,26 +247,27 @@ def _socket_ip(family: int, raw: bytes) -> str:
 
 
 def socket_addresses(pid: int) -> tuple[SocketAddress, ...]:
-    """TCP and UDP sockets in pid's network namespace: local address, port and state. Asked of
-    sock_diag; a table it does not serve (its kernel module missing) is read from /proc."""
+    """TCP and UDP sockets in pid's network namespace: local address, port and state, as
+    /proc/PID/net lists them (a TCP socket bound but neither listening nor connected is not
+    there). Asked of sock_diag; a table it does not serve (its kernel module missing) or
+    answers oddly is read from /proc."""
     netns = f"/proc/{pid}/ns/net"
-    sockets: list[SocketAddress] = []
     try:
-        with _netlink(netns, netlink.NETLINK_SOCK_DIAG) as sock:
-            for table, family, protocol in SOCKET_TABLES:
-                try:
-                    answers = netlink.dump(sock, SOCK_DIAG_BY_FAMILY,
-                                           DIAG_REQUEST.pack(family, protocol, 0, 0, ALL_STATES))
-                except OSError:
-                    sockets += proc_sockets(pid, table)
-                    continue
-                for msg in answers:
-                    msg_family, state = msg[0], msg[1]
-                    (port,) = struct.unpack_from(">H", msg, 4)
-                    sockets.append(_socket(table, _socket_ip(msg_family, msg[8:24]), port,
-                                           f"{state:02X}"))
+        sock = _netlink(netns, netlink.NETLINK_SOCK_DIAG)
     except NetworkError:
         return tuple(s for table, _, _ in SOCKET_TABLES for s in proc_sockets(pid, table))
+    sockets: list[SocketAddress] = []
+    with sock:
+        for table, family, protocol in SOCKET_TABLES:
+            states = ALL_STATES & ~TCP_UNLISTED if protocol == socket.IPPROTO_TCP else ALL_STATES
+            try:
+                found = [_socket(table, _socket_ip(msg[0], msg[8:24]),
+                                 struct.unpack_from(">H", msg, 4)[0], f"{msg[1]:02X}")
+                         for msg in netlink.dump(sock, SOCK_DIAG_BY_FAMILY,
+                                                 DIAG_REQUEST.pack(family, protocol, 0, 0, states))]
+            except (OSError, struct.error, ValueError, IndexError):
+                found = proc_sockets(pid, table)
+            sockets += found
     return tuple(sockets)
 
 
@@ -311,7 +305,7 @@ def present_addresses(netns: str) -> set[str]:
     try:
         with _netlink(netns, socket.NETLINK_ROUTE) as sock:
             return {a.address for a in _addresses(sock, {}) if a.address}
-    except (OSError, struct.error) as e:
+    except (OSError, struct.error, ValueError) as e:
         raise NetworkError(f"cannot read addresses in {netns}: {e}") from None
 
 
@@ -333,6 +327,8 @@ def add_addresses(netns: str, wanted: list[str], recorded: NetnsSnapshot) -> Non
                 index = (indexes.get(entry.ifname) if entry else None) or indexes["lo"]
                 prefix = (entry.prefixlen if entry else 0) or (32 if ":" not in address else 128)
                 ipr.addr("add", index=index, address=address, prefixlen=prefix)
+    except netlink.NamespaceStuck:
+        raise
     except Exception as e:
         raise NetworkError(f"cannot add addresses {', '.join(wanted)} in {netns}: {e}") from None
 
@@ -392,6 +388,8 @@ def apply_restore_plan(plan: RestorePlan, pid: int) -> None:
                 except Exception as e:
                     if "exists" not in str(e).lower():
                         raise
+    except netlink.NamespaceStuck:
+        raise
     except Exception as e:
         raise NetworkError(f"cannot set up the restored network namespace of pid {pid}: {e}") from None
 
