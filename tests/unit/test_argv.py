@@ -86,3 +86,18 @@ def test_dispatch_table_is_small_and_the_front_end_agrees() -> None:
 ])
 def test_with_flag_value(argv: list[str], expected: list[str]) -> None:
     assert Invocation(argv).with_flag_value("image-path", "/dir") == expected
+
+
+@pytest.mark.parametrize(("given", "on"), [
+    (["--tcp-established"], True), (["--tcp-established=1"], True),
+    (["--tcp-established=T"], True), (["--tcp-established=True"], True),
+    (["--tcp-established=0"], False), (["--tcp-established=false"], False),
+    (["--tcp-established", "--tcp-established=false"], False),   # the last one given wins
+    (["--tcp-established=f", "--tcp-established=t"], True),
+])
+def test_boolean_flags_read_as_runc_reads_them(given: list[str], on: bool) -> None:
+    """runc takes `--flag=V` with Go's strconv.ParseBool: whatever it dumps with, torpor-runc
+    reads the same (a connection dumped while torpor thought it was not would skip CRIU's
+    network lock)."""
+    inv = Invocation(["torpor-runc", "checkpoint", *given, "c1"])
+    assert inv.has("tcp-established") is on

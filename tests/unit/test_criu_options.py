@@ -11,7 +11,7 @@ from torpor import config
 from torpor.containerd.runtime import checkpoint_options
 from torpor.errors import ConfigError
 from torpor.formats.criu import CriuOptions
-from torpor.shim import checkpoint_cmd
+from torpor.shim import checkpoint_cmd, criu_version
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options
 
@@ -54,25 +54,55 @@ def test_restore_repeats_what_the_dump_needs() -> None:
     assert ALL_ON.enabled()[-1] == "leave-running"
 
 
-@pytest.mark.parametrize(("configured", "tcp_established", "inherited", "told"), [
-    ("auto", False, None, "skip"),               # nothing in repair mode: no lock to pay for
-    ("auto", True, None, None),                  # connections held still by CRIU's own
-    ("auto", False, "network-lock nftables\n", None),   # the caller's CRIU config decides
-    ("auto", False, "--network-lock iptables\n", None),
-    ("auto", False, "skip-in-flight\n", "skip"),
-    ("iptables", False, None, "iptables"),       # the node's choice, either way
-    ("skip", True, None, "skip"),
+@pytest.mark.parametrize(("configured", "tcp_established", "skip_in_flight", "named", "told"), [
+    ("auto", False, True, None, "skip"),         # nothing in repair mode: no lock to pay for
+    ("auto", True, True, None, None),            # connections held still by CRIU's own
+    ("auto", False, False, None, None),          # a client of the frozen workload would fail it
+    ("auto", False, True, "network-lock nftables\n", None),   # a CRIU config decides
+    ("auto", False, True, "--network-lock=iptables\n", None),
+    ("auto", False, True, "network-lock=nftables # the admin's\n", None),
+    ("auto", False, True, "tcp-established\n", None),      # connections behind runc's back
+    ("auto", False, True, "  --tcp-established\n", None),
+    ("auto", False, True, "# network-lock iptables\nskip-in-flight\n", "skip"),
+    ("iptables", False, True, None, "iptables"),  # the node's choice, either way
+    ("skip", True, True, None, "skip"),
 ])
 def test_the_network_lock_is_skipped_only_where_nothing_needs_it(
-        configured: str, tcp_established: bool, inherited: str | None, told: str | None,
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if inherited is None:
-        monkeypatch.delenv("CRIU_CONFIG_FILE", raising=False)
-    else:
-        (tmp_path / "criu.conf").write_text(inherited)
-        monkeypatch.setenv("CRIU_CONFIG_FILE", str(tmp_path / "criu.conf"))
+        configured: str, tcp_established: bool, skip_in_flight: bool, named: str | None,
+        told: str | None, tmp_path: Path) -> None:
+    configs = [str(tmp_path / "absent.conf")]
+    if named is not None:
+        (tmp_path / "criu.conf").write_text(named)
+        configs.append(str(tmp_path / "criu.conf"))
     options = CriuOptions(tcp_established=tcp_established)
-    assert checkpoint_cmd.network_lock(configured, options) == told
+    assert checkpoint_cmd.network_lock(configured, options, skip_in_flight, configs) == told
+
+
+def test_every_criu_config_criu_reads_is_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CRIU reads its global and user defaults, CRIU_CONFIG_FILE, and the file runc names (the
+    container's org.criu.config, else /etc/criu/runc.conf) for runc's dump."""
+    monkeypatch.setenv("HOME", "/home/op")
+    monkeypatch.setenv("CRIU_CONFIG_FILE", "/tmp/env.conf")
+    base = ["/etc/criu/default.conf", "/home/op/.criu/default.conf", "/tmp/env.conf"]
+    assert checkpoint_cmd.criu_configs({}) == [*base, "/etc/criu/runc.conf"]
+    named = {"annotations": {"org.criu.config": "/etc/ours.conf"}}
+    assert checkpoint_cmd.criu_configs(named) == [*base, "/etc/ours.conf"]
+    assert checkpoint_cmd.criu_configs({"annotations": {"org.criu.config": ""}}) == base
+
+
+def test_criu_versions_are_asked_once_per_binary(tmp_path: Path) -> None:
+    """`criu --version` once; asked again when the binary is another one."""
+    criu, calls = tmp_path / "criu", tmp_path / "calls"
+    criu.write_text(f'#!/bin/sh\necho x >> {calls}\necho "Version: 3.18"\n')
+    criu.chmod(0o755)
+    state = str(tmp_path / "state")
+    assert criu_version.version(str(criu), state) == (3, 18)
+    assert criu_version.version(str(criu), state) == (3, 18)
+    assert calls.read_text().count("x") == 1
+    criu.write_text(f'#!/bin/sh\necho x >> {calls}\necho "Version: 4.2.1"\n')
+    assert criu_version.version(str(criu), state) == (4, 2, 1)
+    assert calls.read_text().count("x") == 2
+    assert criu_version.version(str(tmp_path / "none"), state) == ()
 
 
 def test_a_network_lock_the_config_does_not_know_is_refused(tmp_path: Path,

@@ -8,6 +8,9 @@ Stdlib only: this runs on every container operation.
 
 from __future__ import annotations
 
+# what Go's strconv.ParseBool reads as true, as runc (urfave/cli) reads `--flag=V`
+GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+
 # runc's global flags that take a value (runc 1.1: main.go).
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless"})
 
@@ -109,11 +112,13 @@ class Invocation:
         return None
 
     def has(self, *names: str) -> bool:
-        """Whether a boolean subcommand flag is set (`--x`, or `--x=true`)."""
+        """Whether a boolean subcommand flag is set, as runc reads it: `--x`, or `--x=V` with V
+        what Go's strconv.ParseBool takes for true (1, t, T, TRUE, true, True); the last one
+        given wins."""
         for name in names:
-            for value in self.flags.get(name, ()):
-                if value is True or (isinstance(value, str) and value.lower() == "true"):
-                    return True
+            given = self.flags.get(name, ())
+            if given and (given[-1] is True or given[-1] in GO_TRUE):
+                return True
         return False
 
     def values(self, name: str) -> list[str]:

@@ -55,6 +55,7 @@ from torpor.capture import journal as journals
 from torpor.capture.freezer import Cgroup, frozen, thaw_unless_gone
 from torpor.capture.journal import ContainerLock, Journal
 from torpor.errors import CheckpointError, CriuError
+from torpor.formats import annotations as ann
 from torpor.formats import names
 from torpor.formats import state as container_state
 from torpor.formats.criu import CriuOptions
@@ -65,7 +66,7 @@ from torpor.formats.network import NetworkState
 from torpor.formats.oci import OciSpec
 from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ProcessInfo
-from torpor.shim import criu_log, interrupt, post_dump, pre_dump, runc, spec
+from torpor.shim import criu_log, criu_version, interrupt, post_dump, pre_dump, runc, spec
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
 from torpor.shim.guardian import Guardian, Pending
@@ -135,6 +136,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
     argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet)
                                        + skip_in_flight_flag(ctx, inv))
     criu = criu_options(Invocation(argv))
+    lines = criu_lines(ctx, criu, config, Invocation(argv))
     two_phase = journal is not None and not criu.leave_running
     if journal is not None and given_path and os.path.abspath(given_path) != image_path:
         _mark(given_path, journal.id)
@@ -169,7 +171,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
             # frozen by CRIU's pre-dump action, as late as can be; the files once runc is done
             ran, we_froze, saved = _dump_leaving_running(
                 ctx, argv, guardian, cgroup, journal, pid, config, policy, image_path, timings,
-                runtime_lock, request, criu=criu)
+                runtime_lock, request, lines=lines)
         else:
             with frozen(cgroup, ctx.log) as we_froze:
                 interrupt.hold(ctx, "frozen")
@@ -181,10 +183,9 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
                     journal.mark(names.PENDING_STATE, _state(
                         container_id, pid, criu, policy, network, saved, tree, gpu, timings,
                         started, we_froze, seal).dumps().decode())
-                    env = post_dump.install(journal, ctx.cfg.runtime_state_dir,
-                                            criu_lines(ctx, criu))
+                    env = post_dump.install(journal, ctx.cfg.runtime_state_dir, lines)
                 else:
-                    env = undo.enter_context(criu_config(ctx, criu))
+                    env = undo.enter_context(criu_config(ctx, lines))
                 t = time.monotonic()
                 with writing_back(request, image_path):
                     ran = run_runc(ctx, argv, guardian, env, journal, pid,
@@ -247,12 +248,12 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
                           policy: FilePolicy, image_path: str, timings: dict[str, float],
                           runtime_lock: int | None = None,
                           request: CheckpointRequest | None = None, *,
-                          criu: CriuOptions) -> tuple[RuncRun, bool, SavedFiles]:
+                          lines: tuple[str, ...]) -> tuple[RuncRun, bool, SavedFiles]:
     """`runc checkpoint --leave-running` with the container frozen in CRIU's pre-dump action
     (torpor.shim.pre_dump); once runc is done and the container still frozen, its files; then
     the thaw. runc's status and output, whether the hook froze it, and the files saved."""
     hook = pre_dump.PreDumpHook.install(cgroup, journal.path if journal else None,
-                                        ctx.cfg.runtime_state_dir, criu_lines(ctx, criu))
+                                        ctx.cfg.runtime_state_dir, lines)
     we_froze = False
     saved = SavedFiles()
     try:
@@ -284,47 +285,81 @@ def skip_in_flight_flag(ctx: Context, inv: Invocation) -> list[str]:
     return []
 
 
-def criu_lines(ctx: Context, criu: CriuOptions) -> tuple[str, ...]:
+def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
+               inv: Invocation) -> tuple[str, ...]:
     """CRIU's options torpor-runc adds to runc's, by the node's configuration."""
     lines = ["skip-in-flight"] if ctx.cfg.checkpoint_skip_in_flight else []
-    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu)
+    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu,
+                        ctx.cfg.checkpoint_skip_in_flight, criu_configs(config))
+    if lock == "skip":
+        criu_binary = criu_version.criu_path(inv.global_flag("criu"))
+        if criu_version.version(criu_binary or "criu", ctx.cfg.runtime_state_dir) \
+                < SKIP_LOCK_SINCE:
+            lock = None   # an older CRIU refuses the option: its own lock
     if lock:
         lines.append(f"network-lock {lock}")
     return tuple(lines)
 
 
-def network_lock(configured: str, criu: CriuOptions) -> str | None:
+SKIP_LOCK_SINCE = (3, 19)   # CRIU's `network-lock skip`
+
+
+def network_lock(configured: str, criu: CriuOptions, skip_in_flight: bool,
+                 configs: list[str]) -> str | None:
     """The network lock CRIU is told to use ([checkpoint] network_lock), None for its own.
     CRIU's lock drops every packet in the container's namespace (iptables rules it adds and
-    removes, ~50 ms of iptables-restore on each of the dump and the restore) so that TCP
-    connections it dumps or restores in repair mode hold still. Without --tcp-established
-    there are none (CRIU refuses an established connection), so "auto" skips it; the restore
-    uses the method the dump recorded. A CRIU configuration of the caller's
-    (CRIU_CONFIG_FILE) that names its own lock keeps it."""
+    removes: ~50 ms of iptables-restore on the dump, and again on each restore, which uses the
+    method the dump recorded) so that the TCP connections it dumps and restores in repair mode
+    hold still. Without --tcp-established there are none (CRIU refuses an established
+    connection), so "auto" skips it, unless:
+    - in-flight connections are not skipped: then a client that connects while the container
+      is frozen would fail the dump, which the lock prevents;
+    - a CRIU configuration CRIU reads (`configs`) names a lock of its own, or turns
+      tcp-established on behind runc's back."""
     if configured != "auto":
         return configured
-    if criu.tcp_established or _inherited_lock():
+    if criu.tcp_established or not skip_in_flight:
+        return None
+    if any(_names_option(path, ("network-lock", "tcp-established")) for path in configs):
         return None
     return "skip"
 
 
-def _inherited_lock() -> bool:
-    path = os.environ.get("CRIU_CONFIG_FILE")
-    if not path:
-        return False
+def criu_configs(config: OciSpec) -> list[str]:
+    """The CRIU configuration files CRIU reads for runc's dump, besides torpor's own: the global
+    and the user's defaults, the caller's CRIU_CONFIG_FILE, and runc's (the file the container's
+    org.criu.config annotation names, "" for none; else /etc/criu/runc.conf)."""
+    paths = ["/etc/criu/default.conf",
+             os.path.join(os.environ.get("HOME", "/root"), ".criu", "default.conf")]
+    if os.environ.get("CRIU_CONFIG_FILE"):
+        paths.append(os.environ["CRIU_CONFIG_FILE"])
+    annotations = config.get("annotations") or {}
+    runc_config = annotations.get(ann.CRIU_CONFIG, "/etc/criu/runc.conf") \
+        if isinstance(annotations, dict) else "/etc/criu/runc.conf"
+    if isinstance(runc_config, str) and runc_config:
+        paths.append(runc_config)
+    return paths
+
+
+def _names_option(path: str, options: tuple[str, ...]) -> bool:
+    """Whether the CRIU configuration file at `path` sets one of `options` (CRIU's syntax: one
+    option a line, `--` optional, its value after a space or `=`)."""
     try:
-        with open(path) as f:
-            return any(line.split()[:1] == ["network-lock"] or
-                       line.strip().startswith("--network-lock") for line in f)
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
     except OSError:
         return False
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words and words[0].lstrip("-").split("=", 1)[0] in options:
+            return True
+    return False
 
 
 @contextlib.contextmanager
-def criu_config(ctx: Context, criu: CriuOptions) -> Iterator[dict[str, str] | None]:
-    """runc's environment naming a CRIU configuration with criu_lines (None: runc's own
-    environment), for a checkpoint without torpor's hooks; removed afterwards."""
-    lines = criu_lines(ctx, criu)
+def criu_config(ctx: Context, lines: tuple[str, ...]) -> Iterator[dict[str, str] | None]:
+    """runc's environment naming a CRIU configuration with `lines` (criu_lines; None: runc's
+    own environment), for a checkpoint without torpor's hooks; removed afterwards."""
     if not lines:
         yield None
         return
