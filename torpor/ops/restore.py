@@ -216,10 +216,10 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     store = Store(cfg.image_store)
     limits = unpack.ImageLimits.of(cfg)
     keys = options.decryption_keys    # and, for an encrypted image, the node's (keys_for)
-    if options.name is not None:   # before anything is read or downloaded
-        name_free(client, options.name)
-    node = this_node_ahead(client, options)   # asked while the checkpoint is read
     kind = kind_of(source, store)
+    if options.name is not None and kind is not SourceKind.DIRECTORY:
+        name_free(client, options.name)   # before anything is downloaded or unpacked
+    node = this_node_ahead(client, options)   # asked while the checkpoint is read
     if options.lazy and kind in (SourceKind.DIRECTORY, SourceKind.KUBE_ARCHIVE):
         raise RestoreError(f"{source} cannot be restored lazily: only a checkpoint image "
                            "(local or in a registry) holds its memory as chunks to serve",
@@ -229,8 +229,7 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         progress.step(f"checking {os.path.abspath(source)}")
         with _deadline(cfg, f"reading the checkpoint {os.path.abspath(source)}"):
             metadata = checkpoint_dir.load(source, max_files=limits.max_files)
-        name_free(client, options.name or metadata.container.id)
-        compat.check(metadata, cfg, node.result())
+        compat.check(metadata, cfg, node.result())   # (the name: just before it is taken)
         approved = approve(metadata, options, cfg, client.namespace, claims)
         moved.local = metadata.sizes.total
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
@@ -242,7 +241,6 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             with _deadline(cfg, f"reading the kubelet checkpoint {source}"):
                 metadata = kube.to_directory(client, kube_archive.read(source), directory,
                                              progress)
-            name_free(client, options.name or metadata.container.id)
             approved = approve(metadata, options, cfg, client.namespace, claims)
             moved.local = os.path.getsize(source)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
@@ -259,7 +257,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
                                 signing.checker(cfg, source, signed)) as plan:
                 progress.step(signed[0].describe())
                 image = image_of_plan(plan, limits)
-                name_free(client, options.name or image.metadata.container.id)
+                if options.name is None:
+                    name_free(client, image.metadata.container.id)
                 progress.step("checking this node against the checkpoint")
                 compat.check(image.metadata, cfg, node.result())
                 keys = keys_for(image, options, cfg)
@@ -310,7 +309,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
             else:
                 layout = source
             image = unpack.open_layout(layout, limits=limits)
-            name_free(client, options.name or image.metadata.container.id)
+            if options.name is None:
+                name_free(client, image.metadata.container.id)
             compat.check(image.metadata, cfg, node.result())
             keys = keys_for(image, options, cfg)
             unpack.check_keys(image, keys)
@@ -430,7 +430,7 @@ def this_node_ahead(client: Client, options: RestoreOptions) -> Future[NodeFacts
 
 def name_free(client: Client, name: str) -> None:
     """The container name is valid and not taken: known before any layer is downloaded,
-    unpacked or imported (checked again when the container is created)."""
+    unpacked or imported, and again just before the container is created."""
     names.check_identifier(name, "the container name")
     try:
         client.get_container(name)
@@ -451,12 +451,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
     the base image plus the directory's rootfs-diff.tar are used."""
     original = metadata.container
     name = options.name or original.id
-    try:
-        client.get_container(name)
-        raise AlreadyExists(f"container {name} already exists",
-                            hint="restore under another --name, or delete it first")
-    except NotFound:
-        pass
+    name_free(client, name)
     snapshotter = original.snapshotter or "overlayfs"
     image = rootfs_image or _base_image(client, metadata, progress)
     spec = approved.spec
