@@ -11,7 +11,7 @@ from torpor import config
 from torpor.containerd.runtime import checkpoint_options
 from torpor.errors import ConfigError
 from torpor.formats.criu import CriuOptions
-from torpor.shim import checkpoint_cmd, criu_version
+from torpor.shim import checkpoint_cmd, tool_answers
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options
 
@@ -96,13 +96,26 @@ def test_criu_versions_are_asked_once_per_binary(tmp_path: Path) -> None:
     criu.write_text(f'#!/bin/sh\necho x >> {calls}\necho "Version: 3.18"\n')
     criu.chmod(0o755)
     state = str(tmp_path / "state")
-    assert criu_version.version(str(criu), state) == (3, 18)
-    assert criu_version.version(str(criu), state) == (3, 18)
+    assert tool_answers.criu_version(str(criu), state) == (3, 18)
+    assert tool_answers.criu_version(str(criu), state) == (3, 18)
     assert calls.read_text().count("x") == 1
     criu.write_text(f'#!/bin/sh\necho x >> {calls}\necho "Version: 4.2.1"\n')
-    assert criu_version.version(str(criu), state) == (4, 2, 1)
+    assert tool_answers.criu_version(str(criu), state) == (4, 2, 1)
     assert calls.read_text().count("x") == 2
-    assert criu_version.version(str(tmp_path / "none"), state) == ()
+    assert tool_answers.criu_version(str(tmp_path / "none"), state) == ()
+
+
+def test_runc_is_asked_for_its_flags_once_per_binary(tmp_path: Path) -> None:
+    runc, calls = tmp_path / "runc", tmp_path / "calls"
+    runc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "   --tcp-skip-in-flight  skip"\n')
+    runc.chmod(0o755)
+    state = str(tmp_path / "state")
+    for _ in range(3):
+        assert tool_answers.takes_flag(str(runc), "checkpoint", "tcp-skip-in-flight", state)
+        assert not tool_answers.takes_flag(str(runc), "checkpoint", "no-such-flag", state)
+    assert calls.read_text().splitlines() == ["checkpoint --help"] * 2   # one per question
+    assert tool_answers.criu_version(str(runc), state) == ()   # not CRIU: nothing remembered
+    assert not tool_answers.takes_flag(str(tmp_path / "gone"), "checkpoint", "x", state)
 
 
 def test_a_network_lock_the_config_does_not_know_is_refused(tmp_path: Path,

@@ -343,7 +343,7 @@ def _read_container(client: Client, container_id: str) -> CheckpointedContainer:
         raise CheckpointError(f"the task of {container_id} is not running")
     image_name = record.image or _cri_image_name(record)
     image = containerd_image.image_chain(client, image_name) if image_name else None
-    return CheckpointedContainer(record, runtime, image)
+    return CheckpointedContainer(record, runtime, image, task.pid)
 
 
 def _mount_from(container: CheckpointedContainer, ref: str) -> list[str]:

@@ -34,6 +34,7 @@ class CheckpointedContainer:
     record: containers_pb2.Container
     runtime: RuntimeInfo
     image: BaseImage | None
+    pid: int = 0   # its task's init, as read then
 
 
 def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request: CheckpointRequest,
@@ -59,7 +60,7 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     progress.step("checkpointing the task (torpor-runc, CRIU)")
     t0 = time.monotonic()
     txn.dump(lambda: txn.client.checkpoint_task(record.id, options), criu_dir,
-             dump_deadline(txn, record.id))
+             dump_deadline(txn, container.pid))
     checkpoint_s = time.monotonic() - t0
     state = txn.state(criu_dir)
     # 5. the directory's layout
@@ -95,17 +96,14 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
 RUNTIME_SLACK_S = 30.0   # past the deadline torpor-runc keeps for runc and CRIU
 
 
-def dump_deadline(txn: Transaction, container_id: str) -> float | None:
+def dump_deadline(txn: Transaction, pid: int) -> float | None:
     """How long Tasks.Checkpoint may take to dump: `[checkpoint] timeout_s` plus 10 s per GiB
-    of the container's memory, as torpor-runc reckons it, plus RUNTIME_SLACK_S."""
+    of the memory of the container whose init is `pid`, as torpor-runc reckons it, plus
+    RUNTIME_SLACK_S."""
     from torpor.capture import deadlines
 
     if txn.cfg.checkpoint_timeout_s <= 0:
         return None
-    try:
-        pid = txn.client.get_task(container_id).process.pid
-    except Exception:
-        pid = 0
     return deadlines.budget(txn.cfg.checkpoint_timeout_s, deadlines.memory_bytes(pid)) \
         + RUNTIME_SLACK_S
 

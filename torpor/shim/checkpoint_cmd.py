@@ -66,7 +66,7 @@ from torpor.formats.network import NetworkState
 from torpor.formats.oci import OciSpec
 from torpor.formats.request import CheckpointRequest
 from torpor.formats.state import ProcessInfo
-from torpor.shim import criu_log, criu_version, interrupt, post_dump, pre_dump, runc, spec
+from torpor.shim import criu_log, interrupt, post_dump, pre_dump, runc, spec, tool_answers
 from torpor.shim.argv import Invocation
 from torpor.shim.criu_flags import criu_options, default_flags
 from torpor.shim.guardian import Guardian, Pending
@@ -280,7 +280,7 @@ def skip_in_flight_flag(ctx: Context, inv: Invocation) -> list[str]:
     unless --tcp-skip-in-flight), overriding the configuration criu_lines names: the flag."""
     flag = "tcp-skip-in-flight"
     if ctx.cfg.checkpoint_skip_in_flight and not inv.has(flag) and \
-            runc.takes_flag(ctx.runtime, "checkpoint", flag):
+            tool_answers.takes_flag(ctx.runtime, "checkpoint", flag, ctx.cfg.runtime_state_dir):
         return [f"--{flag}"]
     return []
 
@@ -292,8 +292,8 @@ def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
     lock = network_lock(ctx.cfg.checkpoint_network_lock, criu,
                         ctx.cfg.checkpoint_skip_in_flight, criu_configs(config))
     if lock == "skip":
-        criu_binary = criu_version.criu_path(inv.global_flag("criu"))
-        if criu_version.version(criu_binary or "criu", ctx.cfg.runtime_state_dir) \
+        criu_binary = tool_answers.criu_path(inv.global_flag("criu"))
+        if tool_answers.criu_version(criu_binary or "criu", ctx.cfg.runtime_state_dir) \
                 < SKIP_LOCK_SINCE:
             lock = None   # an older CRIU refuses the option: its own lock
     if lock:

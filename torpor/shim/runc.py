@@ -57,17 +57,6 @@ def state(runtime: str, inv: Invocation, container_id: str) -> RuncState:
                               f"{proc.stdout[:200]!r}") from None
 
 
-def takes_flag(runtime: str, subcommand: str, flag: str) -> bool:
-    """Whether this runc's `subcommand` has `--flag` (its own --help says; runc 1.3 added
-    checkpoint --tcp-skip-in-flight, and then always tells CRIU its value)."""
-    try:
-        done = subprocess.run([runtime, subcommand, "--help"], capture_output=True, text=True,
-                              timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return f"--{flag}" in done.stdout + done.stderr
-
-
 def run(runtime: str, argv: list[str]) -> int:
     """Run the low-level runtime with our stdio and inherited fds; its exit status."""
     return subprocess.run([runtime, *argv[1:]], close_fds=False).returncode
