@@ -20,7 +20,7 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, durable: bool 
         except FileNotFoundError:
             mode = 0o644
     tmp = os.path.join(directory, f".{os.path.basename(path)}.torpor-{os.getpid()}-{get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = _create(tmp, mode)
     try:
         view = memoryview(data)
         while view:
@@ -40,3 +40,15 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, durable: bool 
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _create(tmp: str, mode: int) -> int:
+    """A new file at `tmp`, never through what is there already: a symlink planted at the
+    (guessable) temporary name is not followed, and a stale file left by a writer that died
+    with the same pid and thread is removed first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(tmp, flags, mode)
+    except FileExistsError:
+        os.unlink(tmp)   # the name itself, never what a link there points to
+        return os.open(tmp, flags, mode)

@@ -3,6 +3,8 @@ shim gives torpor-runc -> the options torpor-runc reads back -> the flags a rest
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -107,7 +109,9 @@ def test_criu_versions_are_asked_once_per_binary(tmp_path: Path) -> None:
 
 def test_runc_is_asked_for_its_flags_once_per_binary(tmp_path: Path) -> None:
     runc, calls = tmp_path / "runc", tmp_path / "calls"
-    runc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho "   --tcp-skip-in-flight  skip"\n')
+    runc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'echo "   runc checkpoint - checkpoint a running container"\n'
+                    'echo "   --tcp-skip-in-flight  skip"\n')
     runc.chmod(0o755)
     state = str(tmp_path / "state")
     for _ in range(3):
@@ -116,6 +120,61 @@ def test_runc_is_asked_for_its_flags_once_per_binary(tmp_path: Path) -> None:
     assert calls.read_text().splitlines() == ["checkpoint --help"] * 2   # one per question
     assert tool_answers.criu_version(str(runc), state) == ()   # not CRIU: nothing remembered
     assert not tool_answers.takes_flag(str(tmp_path / "gone"), "checkpoint", "x", state)
+    assert not tool_answers.takes_flag("no-such-runc-on-path", "checkpoint", "x", state)
+
+
+def test_an_answer_runc_could_not_give_is_not_remembered(tmp_path: Path) -> None:
+    """A runc killed or failing while it prints its help says nothing about its flags: asked
+    again next time (a remembered "no" would drop --tcp-skip-in-flight for good)."""
+    runc, calls = tmp_path / "runc", tmp_path / "calls"
+    runc.write_text(f'#!/bin/sh\necho x >> {calls}\necho "--tcp-skip-in-flight"\nexit 137\n')
+    runc.chmod(0o755)
+    state = str(tmp_path / "state")
+    for _ in range(2):
+        assert not tool_answers.takes_flag(str(runc), "checkpoint", "tcp-skip-in-flight", state)
+    assert calls.read_text().count("x") == 2
+
+
+@pytest.mark.parametrize("planted", ['{"criu --version": {"binary": BIN, "answer": ["4", "0"]}}',
+                                     '{"criu --version": {"binary": BIN, "answer": [[3]]}}',
+                                     "[" * 100000 + "]" * 100000, "not json", "[]"])
+def test_a_damaged_answers_file_is_asked_past(planted: str, tmp_path: Path) -> None:
+    criu = tmp_path / "criu"
+    criu.write_text('#!/bin/sh\necho "Version: 4.2.1"\n')
+    criu.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+    binary = json.loads((state / tool_answers.CACHE).read_text())["criu --version"]["binary"]
+    (state / tool_answers.CACHE).write_text(planted.replace("BIN", json.dumps(binary)))
+    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+
+
+def test_answers_others_could_write_are_not_trusted(tmp_path: Path) -> None:
+    criu = tmp_path / "criu"
+    criu.write_text('#!/bin/sh\necho "Version: 4.2.1"\n')
+    criu.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+    cache = state / tool_answers.CACHE
+    known = json.loads(cache.read_text())
+    known["criu --version"]["answer"] = [3, 18]   # planted
+    cache.write_text(json.dumps(known))
+    cache.chmod(0o666)
+    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+    cache.chmod(0o600)
+    state.chmod(0o777)   # a directory others may write into: nothing in it is believed
+    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+
+
+def test_a_criu_config_that_is_no_regular_file_is_not_read(tmp_path: Path) -> None:
+    """The container's org.criu.config names the path: a FIFO there (nobody writing) must not
+    hold torpor-runc up."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    options = CriuOptions()
+    assert checkpoint_cmd.network_lock("auto", options, True, [str(fifo), "/dev/zero"]) == "skip"
 
 
 def test_a_network_lock_the_config_does_not_know_is_refused(tmp_path: Path,

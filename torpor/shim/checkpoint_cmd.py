@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -289,8 +290,8 @@ def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
                inv: Invocation) -> tuple[str, ...]:
     """CRIU's options torpor-runc adds to runc's, by the node's configuration."""
     lines = ["skip-in-flight"] if ctx.cfg.checkpoint_skip_in_flight else []
-    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu,
-                        ctx.cfg.checkpoint_skip_in_flight, criu_configs(config))
+    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu, in_flight_skipped(ctx, inv),
+                        criu_configs(config))
     if lock == "skip":
         criu_binary = tool_answers.criu_path(inv.global_flag("criu"))
         if tool_answers.criu_version(criu_binary or "criu", ctx.cfg.runtime_state_dir) \
@@ -302,6 +303,16 @@ def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
 
 
 SKIP_LOCK_SINCE = (3, 19)   # CRIU's `network-lock skip`
+
+
+def in_flight_skipped(ctx: Context, inv: Invocation) -> bool:
+    """Whether CRIU will leave out connections in flight for runc's final argv `inv`: runc 1.3
+    and later tell CRIU themselves (--tcp-skip-in-flight, the caller's or torpor-runc's), over
+    any configuration; older ones leave it to the `skip-in-flight` line of torpor's."""
+    flag = "tcp-skip-in-flight"
+    if tool_answers.takes_flag(ctx.runtime, "checkpoint", flag, ctx.cfg.runtime_state_dir):
+        return inv.has(flag)
+    return ctx.cfg.checkpoint_skip_in_flight
 
 
 def network_lock(configured: str, criu: CriuOptions, skip_in_flight: bool,
@@ -341,14 +352,26 @@ def criu_configs(config: OciSpec) -> list[str]:
     return paths
 
 
+MAX_CRIU_CONFIG = 1 << 20
+
+
 def _names_option(path: str, options: tuple[str, ...]) -> bool:
     """Whether the CRIU configuration file at `path` sets one of `options` (CRIU's syntax: one
-    option a line, `--` optional, its value after a space or `=`)."""
+    option a line, `--` optional, its value after a space or `=`). Only a regular file is read,
+    and at most MAX_CRIU_CONFIG of it: a container's annotation names the path, and a FIFO
+    there must not hold the checkpoint up (nor /dev/zero fill torpor-runc's memory)."""
     try:
-        with open(path, errors="replace") as f:
-            lines = f.read().splitlines()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        lines = os.read(fd, MAX_CRIU_CONFIG).decode(errors="replace").splitlines()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     for line in lines:
         words = line.split("#", 1)[0].split()
         if words and words[0].lstrip("-").split("=", 1)[0] in options:
