@@ -217,8 +217,8 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
     limits = unpack.ImageLimits.of(cfg)
     keys = options.decryption_keys    # and, for an encrypted image, the node's (keys_for)
     kind = kind_of(source, store)
-    if options.name is not None and kind is not SourceKind.DIRECTORY:
-        name_free(client, options.name)   # before anything is downloaded or unpacked
+    if options.name is not None:   # before anything is read, downloaded or unpacked
+        name_free(client, options.name)
     node = this_node_ahead(client, options)   # asked while the checkpoint is read
     if options.lazy and kind in (SourceKind.DIRECTORY, SourceKind.KUBE_ARCHIVE):
         raise RestoreError(f"{source} cannot be restored lazily: only a checkpoint image "
@@ -229,18 +229,23 @@ def _restore(client: Client, source: str, options: RestoreOptions, cfg: Config,
         progress.step(f"checking {os.path.abspath(source)}")
         with _deadline(cfg, f"reading the checkpoint {os.path.abspath(source)}"):
             metadata = checkpoint_dir.load(source, max_files=limits.max_files)
-        compat.check(metadata, cfg, node.result())   # (the name: just before it is taken)
+        if options.name is None:
+            name_free(client, metadata.container.id)
+        compat.check(metadata, cfg, node.result())
         approved = approve(metadata, options, cfg, client.namespace, claims)
         moved.local = metadata.sizes.total
         return _restore_directory(client, os.path.abspath(source), metadata, approved, options,
-                                  cfg, progress, started, source, timings, moved)
+                                  cfg, progress, started, source, timings, moved,
+                                  name_checked=True)
     if kind is SourceKind.KUBE_ARCHIVE:
         with store.scratch() as scratch:
             progress.step(f"reading the kubelet checkpoint {os.path.abspath(source)}")
             directory = str(scratch / "checkpoint")
             with _deadline(cfg, f"reading the kubelet checkpoint {source}"):
-                metadata = kube.to_directory(client, kube_archive.read(source), directory,
-                                             progress)
+                found = kube_archive.read(source)
+                if options.name is None:   # before the archive is unpacked
+                    name_free(client, found.config.id)
+                metadata = kube.to_directory(client, found, directory, progress)
             approved = approve(metadata, options, cfg, client.namespace, claims)
             moved.local = os.path.getsize(source)
             return _restore_directory(client, directory, metadata, approved, options, cfg,
@@ -445,13 +450,16 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
                        progress: Progress, started: float, source: str,
                        timings: dict[str, float], moved: Moved,
                        rootfs_image: BaseImage | None = None,
-                       lazy: LazyMemory | None = None) -> RestoreResult:
+                       lazy: LazyMemory | None = None,
+                       name_checked: bool = False) -> RestoreResult:
     """Steps 6 to 8 from a checkpoint directory. `rootfs_image` is an image in containerd that
     already holds the read-write layer (a checkpoint image's runnable manifest); without it,
-    the base image plus the directory's rootfs-diff.tar are used."""
+    the base image plus the directory's rootfs-diff.tar are used. `name_checked`: the caller
+    has just found the name free (a directory's restore: nothing slow came between)."""
     original = metadata.container
     name = options.name or original.id
-    name_free(client, name)
+    if not name_checked:
+        name_free(client, name)
     snapshotter = original.snapshotter or "overlayfs"
     image = rootfs_image or _base_image(client, metadata, progress)
     spec = approved.spec
