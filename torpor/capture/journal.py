@@ -58,6 +58,7 @@ DECISION_LOCK = "decision.lock"
 RUNTIME_LOCK = "runtime.lock"
 CANCELLED = "cancelled"
 DUMPED = "dumped"
+RUNTIME_DEADLINE = "runtime-deadline"
 WORK_DIR = "work"
 JOURNALS_DIR = "journals"
 
@@ -210,6 +211,22 @@ class Journal:
             return RuntimeRecord.loads(_read(path), path)
         except (FileNotFoundError, FormatError):
             return None
+
+    def publish_deadline(self, deadline: float) -> None:
+        """torpor-runc: its step now under way (a GPU driver call; runc and CRIU) may last until
+        `deadline`, on CLOCK_MONOTONIC (one clock for every process of this boot). The
+        `torpor checkpoint` waiting for Tasks.Checkpoint reckoned its own deadline before it
+        knew what the step would hold (a GPU's memory moved into host memory); it follows this
+        one (ops/transaction.py)."""
+        write_atomic(self.file(RUNTIME_DEADLINE), f"{deadline:.3f}".encode(), mode=0o600,
+                     durable=False)
+
+    def published_deadline(self) -> float | None:
+        try:
+            value = float(_read(self.file(RUNTIME_DEADLINE)).decode())
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return value if value == value and value < float("inf") else None   # not NaN, finite
 
     def mark(self, name: str, text: str = "") -> None:
         write_atomic(self.file(name), text.encode(), mode=0o600)

@@ -21,7 +21,7 @@ from torpor.formats.metadata import BaseImage, CheckpointMetadata, ContainerInfo
 from torpor.formats.request import CheckpointRequest
 from torpor.image import directory as checkpoint_dir
 from torpor.node import runtime as runtime_tools
-from torpor.ops.transaction import Transaction
+from torpor.ops.transaction import RUNTIME_SLACK_S, Transaction
 from torpor.reporting import Progress
 
 REQUEST_TTL_S = 300
@@ -93,7 +93,6 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     return metadata
 
 
-RUNTIME_SLACK_S = 30.0   # past the deadline torpor-runc keeps for runc and CRIU
 
 
 def dump_deadline(txn: Transaction, pid: int) -> float | None:

@@ -39,6 +39,9 @@ SETTLE_S = 2.0   # after the runtime is done, how long containerd may take to an
 OVERRAN_SETTLE_S = 10.0  # how long an abort waits for a runtime already past its deadline
 
 
+RUNTIME_SLACK_S = 30.0   # past a deadline torpor-runc keeps (its own kill, and what it undoes)
+
+
 class Transaction:
     """One checkpoint in progress: its journal, the locks that say its owner lives, and the
     containerd lease that holds what it makes."""
@@ -95,6 +98,10 @@ class Transaction:
                 self.step("dumped")
                 return
             if deadline is not None and time.monotonic() > deadline:
+                later = self._runtime_deadline()
+                if later is not None and later > deadline:   # torpor-runc still allows it
+                    deadline = later
+                    continue
                 self.journal.mark(journals.CANCELLED)
                 self.limit_s = OVERRAN_SETTLE_S  # the abort waits for it only that long
                 raise DeadlineExceeded(
@@ -116,6 +123,13 @@ class Transaction:
             raise self.call.error
         self.progress.step(f"containerd reported an error, but the dump is whole: {self.call.error}")
         self.step("dumped")
+
+    def _runtime_deadline(self) -> float | None:
+        """torpor-runc's deadline for the step it is in, plus RUNTIME_SLACK_S: it reckons
+        after the GPU step has moved GPU memory into host memory, where `torpor checkpoint`
+        could not, and kills what overruns it itself (journal.publish_deadline)."""
+        published = self.journal.published_deadline()
+        return published + RUNTIME_SLACK_S if published is not None else None
 
     def state(self, criu_dir: str) -> ContainerState:
         state = container_state.read(criu_dir)

@@ -157,7 +157,7 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
         undo.callback(guardian.release)
         # 2. GPU
         t = time.monotonic()
-        gpu = gpu_suspend(ctx, undo, cgroup, guardian, criu.leave_running, config, pid)
+        gpu = gpu_suspend(ctx, undo, cgroup, guardian, criu.leave_running, config, pid, journal)
         timings["gpu_checkpoint_s"] = time.monotonic() - t
 
         # 3. network (captured above), the processes
@@ -474,6 +474,8 @@ def run_runc(ctx: Context, argv: list[str], guardian: Guardian,
     since = ctx.log.mark()
     limit = deadlines.budget(ctx.cfg.checkpoint_timeout_s, deadlines.memory_bytes(pid)) \
         if ctx.cfg.checkpoint_timeout_s > 0 else float("inf")
+    if journal is not None and limit < float("inf"):   # a GPU's memory counts in it now
+        journal.publish_deadline(time.monotonic() + limit)
     if hold_fd is not None:
         os.set_inheritable(hold_fd, True)
     try:
@@ -539,16 +541,22 @@ def rollback(ctx: Context, pending: Pending, journal: Journal | None) -> None:
 
 
 def gpu_suspend(ctx: Context, undo: contextlib.ExitStack, cgroup: Cgroup, guardian: Guardian,
-                leave_running: bool, config: OciSpec, pid: int) -> GpuState | None:
+                leave_running: bool, config: OciSpec, pid: int,
+                journal: Journal | None = None) -> GpuState | None:
     """Lock and checkpoint the container's CUDA processes; registers their resume on `undo`.
-    The guardian hears of each pid before its lock, and of each driver call in flight."""
+    The guardian hears of each pid before its lock, and of each driver call in flight; the
+    journal's `torpor checkpoint`, of each call's deadline."""
     from torpor.gpu import session
+
+    def on_call(worker: int, deadline: float) -> None:
+        guardian.tell(gpu_worker_pid=worker, gpu_worker_deadline=deadline)
+        if journal is not None:
+            journal.publish_deadline(deadline)
 
     return session.suspend_for_checkpoint(
         ctx.cfg, cgroup, undo, ctx.log, leave_running, config, pid,
         on_locked=lambda pids: guardian.tell(gpu_pids=pids),
-        on_call=lambda worker, deadline: guardian.tell(gpu_worker_pid=worker,
-                                                       gpu_worker_deadline=deadline),
+        on_call=on_call,
         on_thawed=lambda thawed: guardian.tell(cgroup=cgroup.path, cgroup_version=cgroup.version,
                                                refreeze=thawed))
 
