@@ -135,28 +135,29 @@ def test_an_answer_runc_could_not_give_is_not_remembered(tmp_path: Path) -> None
     assert calls.read_text().count("x") == 2
 
 
-@pytest.mark.parametrize("planted", ['{"criu --version": {"binary": BIN, "answer": ["4", "0"]}}',
-                                     '{"criu --version": {"binary": BIN, "answer": [[3]]}}',
-                                     "[" * 100000 + "]" * 100000, "not json", "[]"])
-def test_a_damaged_answers_file_is_asked_past(planted: str, tmp_path: Path) -> None:
+def answered_criu(tmp_path: Path) -> tuple[Path, Path]:
+    """A CRIU 4.2.1 whose version is already remembered in a state directory of root's."""
     criu = tmp_path / "criu"
     criu.write_text('#!/bin/sh\necho "Version: 4.2.1"\n')
     criu.chmod(0o755)
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+    return criu, state
+
+
+@pytest.mark.parametrize("planted", ['{"criu --version": {"binary": BIN, "answer": ["4", "0"]}}',
+                                     '{"criu --version": {"binary": BIN, "answer": [[3]]}}',
+                                     "[" * 100000 + "]" * 100000, "not json", "[]"])
+def test_a_damaged_answers_file_is_asked_past(planted: str, tmp_path: Path) -> None:
+    criu, state = answered_criu(tmp_path)
     binary = json.loads((state / tool_answers.CACHE).read_text())["criu --version"]["binary"]
     (state / tool_answers.CACHE).write_text(planted.replace("BIN", json.dumps(binary)))
     assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
 
 
 def test_answers_others_could_write_are_not_trusted(tmp_path: Path) -> None:
-    criu = tmp_path / "criu"
-    criu.write_text('#!/bin/sh\necho "Version: 4.2.1"\n')
-    criu.chmod(0o755)
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    assert tool_answers.criu_version(str(criu), str(state)) == (4, 2, 1)
+    criu, state = answered_criu(tmp_path)
     cache = state / tool_answers.CACHE
     known = json.loads(cache.read_text())
     known["criu --version"]["answer"] = [3, 18]   # planted

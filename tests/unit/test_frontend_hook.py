@@ -6,11 +6,9 @@ handed on as its stdin. The namespaces here are the test's own (`unshare -n slee
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,8 @@ from torpor.formats import names
 from torpor.formats.network import Address, RestorePlan
 from torpor.oci_hooks import main as oci_hook
 from torpor.runtime_config.launchers import compile_frontend
+
+from .namespaces import own_network_namespace
 
 SOURCE = Path(__file__).resolve().parents[2] / "torpor" / "shim" / "frontend.c"
 LO_ONLY = RestorePlan(("lo",), (), ())
@@ -58,19 +58,8 @@ def hook(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def namespace() -> Iterator[int]:
     """A process in a network namespace of its own, whose lo is down."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare")
-    proc = subprocess.Popen(["unshare", "-n", "sleep", "60"])
-    try:
-        own = os.readlink("/proc/self/ns/net")
-        deadline = time.monotonic() + 10
-        while os.readlink(f"/proc/{proc.pid}/ns/net") == own:   # until unshare(2) is done
-            assert time.monotonic() < deadline, "unshare -n did not make its namespace"
-            time.sleep(0.005)
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
+    with own_network_namespace() as pid:
+        yield pid
 
 
 def lo_is_up(pid: int) -> bool:

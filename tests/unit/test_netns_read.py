@@ -6,7 +6,6 @@ families, routes in two tables, rules, neighbours and sockets of every kind."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -20,6 +19,8 @@ import pytest
 from torpor.capture import netns
 from torpor.errors import NetworkError
 from torpor.formats.network import Address, Link, Neighbour, NetnsSnapshot, Route, Rule
+
+from .namespaces import own_network_namespace
 
 SETUP = """
 ip link set lo up
@@ -59,28 +60,19 @@ sys.stdin.read()
 def namespace() -> Iterator[int]:
     """A process in a network namespace of its own, configured by SETUP, and a process there
     holding SOCKETS."""
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        pytest.skip("no unshare or ip")
-    proc = subprocess.Popen(["unshare", "-n", "sleep", "120"])
-    holder = None
-    try:
-        own = os.readlink("/proc/self/ns/net")
-        deadline = time.monotonic() + 10
-        while os.readlink(f"/proc/{proc.pid}/ns/net") == own:   # until unshare(2) is done
-            assert time.monotonic() < deadline, "unshare -n did not make its namespace"
-            time.sleep(0.005)
-        enter = ["nsenter", f"--net=/proc/{proc.pid}/ns/net"]
+    if shutil.which("ip") is None:
+        pytest.skip("no ip")
+    with own_network_namespace(120) as pid:
+        enter = ["nsenter", f"--net=/proc/{pid}/ns/net"]
         subprocess.run([*enter, "sh", "-ec", SETUP], check=True, capture_output=True)
         holder = subprocess.Popen([*enter, sys.executable, "-c", SOCKETS], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True)
-        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-        yield proc.pid
-    finally:
-        if holder is not None:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+            yield pid
+        finally:
             holder.kill()
             holder.wait()
-        proc.kill()
-        proc.wait()
 
 
 def pyroute2_reading(path: str) -> NetnsSnapshot:

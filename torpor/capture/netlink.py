@@ -21,9 +21,10 @@ from typing import Any
 CLONE_NEWNET = 0x40000000
 NETLINK_SOCK_DIAG = 4
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x300, 0x10
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x4, 0x300, 0x10
 HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
 ATTRIBUTE = struct.Struct("=HH")  # rtattr / nlattr: length, type
+IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 RECEIVE = 65536  # the kernel fills a dump's reads up to 32 KiB
 DUMP_TRIES = 3
@@ -117,19 +118,38 @@ def _dump_once(sock: socket.socket, kind: int, body: bytes) -> tuple[list[bytes]
                 raise OSError(f"netlink dump {kind}: a malformed answer")
             if seq == sequence:
                 interrupted |= bool(msg_flags & NLM_F_DUMP_INTR)
-                if kind_back == NLMSG_DONE:   # its payload: the dump's own status
-                    if length >= HEADER.size + 4:
-                        (status,) = struct.unpack_from("=i", data, offset + HEADER.size)
-                        if status < 0:
-                            raise OSError(-status, os.strerror(-status), f"netlink dump {kind}")
-                    return answers, interrupted
-                if kind_back == NLMSG_ERROR:
-                    (error,) = struct.unpack_from("=i", data, offset + HEADER.size)
-                    if error:
-                        raise OSError(-error, os.strerror(-error), f"netlink dump {kind}")
+                if kind_back in (NLMSG_DONE, NLMSG_ERROR):
+                    _check_status(data[offset + HEADER.size:offset + length], f"netlink dump {kind}")
                     return answers, interrupted
                 answers.append(data[offset + HEADER.size:offset + length])
             offset += (length + 3) & ~3
+
+
+def ask(sock: socket.socket, kind: int, body: bytes, what: str) -> None:
+    """One request of `kind` with `body`, acknowledged: OSError (in the kernel's words, and
+    `what`) where the kernel refused it."""
+    sequence = int.from_bytes(os.urandom(4), "little") or 1
+    sock.send(HEADER.pack(HEADER.size + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, sequence, 0)
+              + body)
+    while True:
+        data = sock.recv(RECEIVE)
+        offset = 0
+        while offset + HEADER.size <= len(data):
+            length, kind_back, _flags, seq, _port = HEADER.unpack_from(data, offset)
+            if length < HEADER.size or offset + length > len(data):
+                raise OSError(f"{what}: a malformed answer")
+            if seq == sequence and kind_back == NLMSG_ERROR:
+                _check_status(data[offset + HEADER.size:offset + length], what)
+                return
+            offset += (length + 3) & ~3
+
+
+def _check_status(payload: bytes, what: str) -> None:
+    """The status an NLMSG_DONE or NLMSG_ERROR carries first: 0, or the negative errno."""
+    if len(payload) >= 4:
+        (status,) = struct.unpack_from("=i", payload)
+        if status < 0:
+            raise OSError(-status, os.strerror(-status), what)
 
 
 def attributes(payload: bytes, start: int) -> dict[int, bytes]:

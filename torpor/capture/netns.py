@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torpor.capture import netlink
@@ -92,7 +92,6 @@ def _defer_pyroute2_package() -> None:
 
 RTM_GETLINK, RTM_GETADDR, RTM_GETROUTE, RTM_GETNEIGH, RTM_GETRULE = 18, 22, 26, 30, 34
 SOCK_DIAG_BY_FAMILY = 20
-IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
 RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg and fib_rule_hdr: family, dst_len, src_len, tos,
 #                                      table, protocol (rules: 2 reserved), scope, type (action)
@@ -138,9 +137,9 @@ def _lladdr(raw: bytes | None) -> str | None:
 
 def _links(sock: socket.socket) -> tuple[list[Link], dict[int, str | None]]:
     links, names = [], {}
-    for msg in netlink.dump(sock, RTM_GETLINK, IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        _family, _type, index, flags, _change = IFINFO.unpack_from(msg)
-        attrs = netlink.attributes(msg, IFINFO.size)
+    for msg in netlink.dump(sock, RTM_GETLINK, netlink.IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        _family, _type, index, flags, _change = netlink.IFINFO.unpack_from(msg)
+        attrs = netlink.attributes(msg, netlink.IFINFO.size)
         name = _text(attrs.get(IFLA_IFNAME))
         info = attrs.get(IFLA_LINKINFO)
         kind = _text(netlink.attributes(info, 0).get(IFLA_INFO_KIND)) if info else None
@@ -164,38 +163,41 @@ def _addresses(sock: socket.socket, names: dict[int, str | None]) -> list[Addres
     return addresses
 
 
+def _by_family(sock: socket.socket, kind: int) -> Iterator[tuple[socket.AddressFamily, bytes]]:
+    """A dump of `kind` (routes, rules: an rtmsg-shaped header) for IPv4, then IPv6; only the
+    answers of the family asked (a kernel without the family answers with every family's)."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for msg in netlink.dump(sock, kind, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
+            if msg[0] == family:
+                yield family, msg
+
+
 def _routes(sock: socket.socket, names: dict[int, str | None]) -> list[Route]:
     routes = []
-    for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in netlink.dump(sock, RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            got, dst_len, _src_len, _tos, table, proto, scope, kind, _flags = RTMSG.unpack_from(msg)
-            if got != family:   # a kernel without the family answers with every family's
-                continue
-            attrs = netlink.attributes(msg, RTMSG.size)
-            table = _u32(attrs.get(RTA_TABLE)) or table
-            if table == 255:  # the kernel's local table follows the addresses
-                continue
-            routes.append(Route(
-                family=FAMILIES[family], dst=_ip(family, attrs.get(RTA_DST)), dst_len=dst_len,
-                gateway=_ip(family, attrs.get(RTA_GATEWAY)),
-                oif=names.get(_u32(attrs.get(RTA_OIF)) or 0),
-                prefsrc=_ip(family, attrs.get(RTA_PREFSRC)), table=table, scope=scope,
-                proto=proto, type=kind, priority=_u32(attrs.get(RTA_PRIORITY))))
+    for family, msg in _by_family(sock, RTM_GETROUTE):
+        _f, dst_len, _src_len, _tos, table, proto, scope, kind, _flags = RTMSG.unpack_from(msg)
+        attrs = netlink.attributes(msg, RTMSG.size)
+        table = _u32(attrs.get(RTA_TABLE)) or table
+        if table == 255:  # the kernel's local table follows the addresses
+            continue
+        routes.append(Route(
+            family=FAMILIES[family], dst=_ip(family, attrs.get(RTA_DST)), dst_len=dst_len,
+            gateway=_ip(family, attrs.get(RTA_GATEWAY)),
+            oif=names.get(_u32(attrs.get(RTA_OIF)) or 0),
+            prefsrc=_ip(family, attrs.get(RTA_PREFSRC)), table=table, scope=scope,
+            proto=proto, type=kind, priority=_u32(attrs.get(RTA_PRIORITY))))
     return routes
 
 
 def _rules(sock: socket.socket) -> list[Rule]:
     rules = []
-    for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in netlink.dump(sock, RTM_GETRULE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            got, *_head, table, _r1, _r2, action, _flags = RTMSG.unpack_from(msg)
-            if got != family:
-                continue
-            attrs = netlink.attributes(msg, RTMSG.size)
-            from_attr = _u32(attrs.get(FRA_TABLE))
-            rules.append(Rule(family=FAMILIES.get(family),
-                              table=from_attr if from_attr is not None else table,
-                              priority=_u32(attrs.get(FRA_PRIORITY)), action=action))
+    for family, msg in _by_family(sock, RTM_GETRULE):
+        *_head, table, _r1, _r2, action, _flags = RTMSG.unpack_from(msg)
+        attrs = netlink.attributes(msg, RTMSG.size)
+        from_attr = _u32(attrs.get(FRA_TABLE))
+        rules.append(Rule(family=FAMILIES.get(family),
+                          table=from_attr if from_attr is not None else table,
+                          priority=_u32(attrs.get(FRA_PRIORITY)), action=action))
     return rules
 
 
@@ -234,7 +236,7 @@ def _netlink(netns: str, protocol: int) -> socket.socket:
 def _hex_address(text: str) -> str:
     raw = bytes.fromhex(text)
     if len(raw) == 4:
-        return str(ipaddress.IPv4Address(raw[::-1]))
+        return _socket_ip(socket.AF_INET, raw[::-1])
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
     return _socket_ip(socket.AF_INET6, words)
 

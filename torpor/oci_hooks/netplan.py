@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 
 from torpor import fastjson
-from torpor.capture.netlink import setns
+from torpor.capture import netlink
 
 RTM_NEWLINK = 16
-NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
-NLMSG_ERROR = 2
 IFF_UP = 0x1
 LOOPBACK_INDEX = 1
 
@@ -28,16 +25,8 @@ LOOPBACK_INDEX = 1
 def _link_up(index: int) -> None:
     """rtnetlink: set IFF_UP on the link with this index, and wait for the kernel's answer."""
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-        ifinfo = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, IFF_UP, IFF_UP)
-        header = struct.pack("=IHHII", 16 + len(ifinfo), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
-                             1, 0)
-        sock.send(header + ifinfo)
-        reply = sock.recv(4096)
-        _length, kind = struct.unpack_from("=IH", reply)
-        if kind == NLMSG_ERROR:
-            (error,) = struct.unpack_from("=i", reply, 16)
-            if error:
-                raise OSError(-error, os.strerror(-error), "RTM_NEWLINK lo up")
+        netlink.ask(sock, RTM_NEWLINK, netlink.IFINFO.pack(socket.AF_UNSPEC, 0, index, IFF_UP, IFF_UP),
+                    "RTM_NEWLINK lo up")
 
 
 def apply(plan_path: str, pid: int) -> None:
@@ -51,7 +40,7 @@ def apply(plan_path: str, pid: int) -> None:
             apply_restore_plan(plan, pid)
             return
         if "lo" in plan.get("up", []):
-            setns(f"/proc/{pid}/ns/net")
+            netlink.setns(f"/proc/{pid}/ns/net")
             _link_up(LOOPBACK_INDEX)
     finally:
         try:

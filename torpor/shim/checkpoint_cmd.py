@@ -134,10 +134,12 @@ def _checkpoint(ctx: Context, inv: Invocation, journal: Journal | None, containe
     argv = inv.with_flag_value("image-path", image_path) if request and request.image_path \
         else inv.argv
     kubelet = request is None and pod.in_pod(config)
+    runc_says = runc_tells_in_flight(ctx)
     argv = Invocation(argv).with_flags(default_flags(ctx.cfg, inv, config, in_pod=kubelet)
-                                       + skip_in_flight_flag(ctx, inv))
-    criu = criu_options(Invocation(argv))
-    lines = criu_lines(ctx, criu, config, Invocation(argv))
+                                       + skip_in_flight_flag(ctx, inv, runc_says))
+    final = Invocation(argv)
+    criu = criu_options(final)
+    lines = criu_lines(ctx, criu, config, final, runc_says)
     two_phase = journal is not None and not criu.leave_running
     if journal is not None and given_path and os.path.abspath(given_path) != image_path:
         _mark(given_path, journal.id)
@@ -276,22 +278,31 @@ def _dump_leaving_running(ctx: Context, argv: list[str], guardian: Guardian, cgr
     return ran, we_froze, saved
 
 
-def skip_in_flight_flag(ctx: Context, inv: Invocation) -> list[str]:
+IN_FLIGHT_FLAG = "tcp-skip-in-flight"
+
+
+def runc_tells_in_flight(ctx: Context) -> bool:
     """runc 1.3 and later tell CRIU whether to skip connections in flight themselves (false
-    unless --tcp-skip-in-flight), overriding the configuration criu_lines names: the flag."""
-    flag = "tcp-skip-in-flight"
-    if ctx.cfg.checkpoint_skip_in_flight and not inv.has(flag) and \
-            tool_answers.takes_flag(ctx.runtime, "checkpoint", flag, ctx.cfg.runtime_state_dir):
-        return [f"--{flag}"]
+    unless --tcp-skip-in-flight), over any configuration: does this runc take the flag?"""
+    return tool_answers.takes_flag(ctx.runtime, "checkpoint", IN_FLIGHT_FLAG,
+                                   ctx.cfg.runtime_state_dir)
+
+
+def skip_in_flight_flag(ctx: Context, inv: Invocation, runc_says: bool) -> list[str]:
+    """The flag that carries [checkpoint] skip_in_flight to a runc that tells CRIU itself
+    (`runc_says`), where the caller gave none."""
+    if ctx.cfg.checkpoint_skip_in_flight and runc_says and not inv.has(IN_FLIGHT_FLAG):
+        return [f"--{IN_FLIGHT_FLAG}"]
     return []
 
 
-def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
-               inv: Invocation) -> tuple[str, ...]:
-    """CRIU's options torpor-runc adds to runc's, by the node's configuration."""
+def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec, inv: Invocation,
+               runc_says: bool) -> tuple[str, ...]:
+    """CRIU's options torpor-runc adds to runc's final argv `inv`, by the node's
+    configuration."""
     lines = ["skip-in-flight"] if ctx.cfg.checkpoint_skip_in_flight else []
-    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu, in_flight_skipped(ctx, inv),
-                        criu_configs(config))
+    lock = network_lock(ctx.cfg.checkpoint_network_lock, criu,
+                        in_flight_skipped(ctx, inv, runc_says), criu_configs(config))
     if lock == "skip":
         criu_binary = tool_answers.criu_path(inv.global_flag("criu"))
         if tool_answers.criu_version(criu_binary or "criu", ctx.cfg.runtime_state_dir) \
@@ -305,14 +316,11 @@ def criu_lines(ctx: Context, criu: CriuOptions, config: OciSpec,
 SKIP_LOCK_SINCE = (3, 19)   # CRIU's `network-lock skip`
 
 
-def in_flight_skipped(ctx: Context, inv: Invocation) -> bool:
-    """Whether CRIU will leave out connections in flight for runc's final argv `inv`: runc 1.3
-    and later tell CRIU themselves (--tcp-skip-in-flight, the caller's or torpor-runc's), over
-    any configuration; older ones leave it to the `skip-in-flight` line of torpor's."""
-    flag = "tcp-skip-in-flight"
-    if tool_answers.takes_flag(ctx.runtime, "checkpoint", flag, ctx.cfg.runtime_state_dir):
-        return inv.has(flag)
-    return ctx.cfg.checkpoint_skip_in_flight
+def in_flight_skipped(ctx: Context, inv: Invocation, runc_says: bool) -> bool:
+    """Whether CRIU will leave out connections in flight for runc's final argv `inv`: a runc
+    that tells CRIU itself (`runc_says`) passes --tcp-skip-in-flight, the caller's or
+    torpor-runc's; older ones leave it to the `skip-in-flight` line of torpor's."""
+    return inv.has(IN_FLIGHT_FLAG) if runc_says else ctx.cfg.checkpoint_skip_in_flight
 
 
 def network_lock(configured: str, criu: CriuOptions, skip_in_flight: bool,
