@@ -1,10 +1,11 @@
-"""A lazy restore's packs downloaded whole behind the workload: the page source reads a chunk
-from the download's file as soon as it is written (checked, as every chunk), a page fault does
-not wait for the download, a failed download leaves the rest to range requests, and what is
-kept is whole."""
+"""A lazy restore's packs downloaded whole behind the workload: CRIU's background reads wait
+for their pack to be whole and checked, a page fault reads what the download has written so
+far (its chunk checked) or goes by range at once, a failed download leaves the rest to range
+requests, and what is kept is whole."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -60,7 +61,8 @@ class Registry:
 
 def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
                 gate: threading.Event | None = None, tamper: bool = False) -> threading.Thread:
-    """The packs written into `into` piece by piece as a pull writes them, told to `arrivals`;
+    """The packs written into `into` piece by piece as a pull writes them, told to `arrivals`,
+    each told `arrived` once its digest is checked (a pack that fails it fails the download);
     with `gate`, the first pack stops once it holds the file's first 64 KiB, until the gate
     is set."""
     covered, needed = 0, []   # the chunks of the file's first 64 KiB
@@ -86,6 +88,10 @@ def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
                             and not paused:
                         paused.append(at)
                         gate.wait()
+            if "sha256:" + hashlib.sha256(data).hexdigest() != pack.digest:
+                partial.unlink()
+                arrivals.failed(DigestMismatch(f"pack {pack.digest} is damaged"))
+                return
             final = into / pack.digest.split(":")[1]
             os.replace(partial, final)
             arrivals.arrived(pack.digest, str(final))
@@ -113,7 +119,8 @@ def read(source: ChunkSource, record: FileRecord, offset: int, length: int) -> b
     return b"".join(bytes(piece) for piece in source.read(record, offset, length))
 
 
-def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path, built: Built) -> None:
+def test_background_reads_wait_for_their_pack_whole_and_faults_do_not(
+        tmp_path: Path, built: Built) -> None:
     data, index, packs = built
     registry, arrivals = Registry(packs), Arrivals()
     source = following(index, registry, arrivals)
@@ -122,30 +129,56 @@ def test_background_reads_come_from_the_download_as_it_is_written(tmp_path: Path
     gate = threading.Event()
     thread = downloading(index, packs, into, arrivals, gate)
     record = index.files[0]
+    background: list[bytes] = []
+    reader = threading.Thread(target=lambda: background.append(read(source, record, 0, 64 << 10)))
     try:
-        assert read(source, record, 0, 64 << 10) == data[:64 << 10]   # CRIU's background
-        assert registry.asked == []   # read from the half-written first pack, not by range
-        assert not (into / index.packs[0].digest.split(":")[1]).exists()
+        wait_for_bytes(arrivals, index.packs[0].digest)
+        assert read(source, record, 0, 4096) == data[:4096]   # a fault: the half-written pack
+        assert registry.asked == []
+        reader.start()   # CRIU's background transfer: not from a pack not yet checked
+        reader.join(0.3)
+        assert reader.is_alive() and not background
         fault_at = len(data) - 4096    # a page fault in the last pack, not downloaded yet
         assert read(source, record, fault_at, 4096) == data[fault_at:]
         assert [a[0] for a in registry.asked] == [index.packs[-1].digest]
     finally:
         gate.set()
         thread.join()
+        reader.join(5)
+    assert background == [data[:64 << 10]]
     assert read(source, record, 0, len(data)) == data
+    assert [a[0] for a in registry.asked] == [index.packs[-1].digest]   # the rest downloaded
     assert source.counts.streamed_bytes > 0
     source.close()
 
 
+def wait_for_bytes(arrivals: Arrivals, digest: str) -> None:
+    """Until the download has written the first bytes of `digest` (the gate holds it there)."""
+    deadline = time.monotonic() + 5
+    while arrivals.readable(digest, 4096) is None:
+        assert time.monotonic() < deadline, "the download wrote nothing"
+        time.sleep(0.01)
+
+
 def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, built: Built) -> None:
+    """Read from the pack's file as it comes, a chunk is checked against its own sha256; and
+    the pack, whole, fails its digest, so nothing reads it as checked."""
     _, index, packs = built
     arrivals = Arrivals()
     source = following(index, Registry(packs), arrivals)
     into = tmp_path / "download"
     into.mkdir()
-    downloading(index, packs, into, arrivals, tamper=True).join()
-    with pytest.raises(DigestMismatch):
-        source.read(index.files[0], 0, 128 << 10)
+    gate = threading.Event()
+    thread = downloading(index, packs, into, arrivals, gate, tamper=True)
+    try:
+        wait_for_bytes(arrivals, index.packs[0].digest)
+        with pytest.raises(DigestMismatch):
+            source.read(index.files[0], 0, 4096)
+    finally:
+        gate.set()
+        thread.join()
+    assert arrivals.first_error is not None and not arrivals.checked(index.packs[0].digest)
+    assert not list(into.iterdir())
     source.close()
 
 

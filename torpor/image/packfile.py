@@ -73,11 +73,11 @@ def raw_frame(data: memoryview) -> list[bytes | memoryview]:
     return pieces
 
 
-def raw_content(frame: bytes, plain_length: int) -> list[memoryview] | None:
+def raw_content(frame: bytes | memoryview, plain_length: int) -> list[memoryview] | None:
     """The bytes a raw zstd frame holds, as slices of `frame`; None when `frame` is not exactly
     the raw frame of `plain_length` bytes torpor writes (then a decompressor reads it)."""
-    if len(frame) != raw_frame_length(plain_length) or not frame.startswith(
-            _raw_header(plain_length)):
+    if len(frame) != raw_frame_length(plain_length) or \
+            frame[:9] != _raw_header(plain_length):
         return None
     view = memoryview(frame)
     slices, at = [], 9

@@ -5,9 +5,11 @@ packs), so a hostile index cannot fill the disk, and every pack it names must be
 with the size it says. Each file is created 0600 (O_EXCL, no links followed), sized with
 ftruncate so that zero runs stay holes where the filesystem allows (and read back as zeros
 where it does not), and its chunks are written at their offsets. Every chunk is checked as
-it is decompressed (frame size, content size, sha256 of the bytes); a mismatch is
-DigestMismatch naming the pack. A file is its chunks and zero runs in the order the index
-(digest-checked itself) lists them, so its bytes are checked once, chunk by chunk; its length
+it is decompressed (frame size, content size, sha256 of the bytes; the sha256 only where its
+pack was not just downloaded and checked whole by this restore: then its bytes are the
+pack's, which its digest names); a mismatch is DigestMismatch naming the pack. A file is its
+chunks and zero runs in the order the index (digest-checked itself) lists them, so its bytes
+are checked once, chunk by chunk; its length
 must come out as the index says. (The file's own sha256 in the index is not computed again:
 that was a second pass over every byte, the slowest step of a restore.) Chunks are read and
 decompressed on worker threads (zstd and sha256 release the GIL), several files at once; a
@@ -131,7 +133,9 @@ class _Packs:
 
 class _ArrivingPacks:
     """Packs that a download beside the rebuild is still bringing (registry/arrivals.py): each
-    opened, and its size checked, when its first chunk is needed and it is in place."""
+    opened, and its size checked, when its first chunk is needed and it is in place. A pack
+    the download checked whole (not one the store held already) has its chunks' sha256 not
+    computed again."""
 
     def __init__(self, index: ChunkIndex, pack_path: PackPath, arrivals: Arrivals) -> None:
         self.index = index
@@ -178,23 +182,27 @@ class _ArrivingPacks:
         frame = os.pread(self._fd(chunk.pack), chunk.length, chunk.offset)
         if not hasattr(self.local, "zstd"):
             self.local.zstd = zstandard.ZstdDecompressor()
-        return decode_chunk(frame, chunk, pack, self.local.zstd)
+        return decode_chunk(frame, chunk, pack, self.local.zstd,
+                            pack_checked=self.arrivals.checked(pack))
 
 
-def decode_chunk(frame: bytes, chunk: ChunkRecord, pack: str,
-                 zstd: zstandard.ZstdDecompressor) -> bytes:
+def decode_chunk(frame: bytes | memoryview, chunk: ChunkRecord, pack: str,
+                 zstd: zstandard.ZstdDecompressor, pack_checked: bool = False) -> bytes:
     """A chunk's bytes from its frame as read from `pack`, checked: frame length, content size,
-    sha256; DigestMismatch naming the pack otherwise."""
+    sha256; DigestMismatch naming the pack otherwise. `pack_checked`: the frame was read from
+    a pack whose own digest this restore checked, whole (its download), so its bytes are the
+    ones the index names and their sha256 is not computed again."""
     if len(frame) != chunk.length:
         raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
     raw = raw_content(frame, chunk.plain_length)
     if raw is not None:
-        hasher = hashlib.sha256()
-        for piece in raw:
-            hasher.update(piece)
-        if "sha256:" + hasher.hexdigest() != chunk.digest:
-            raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not "
-                                 f"match its digest {chunk.digest} (the pack is damaged)")
+        if not pack_checked:
+            hasher = hashlib.sha256()
+            for piece in raw:
+                hasher.update(piece)
+            if "sha256:" + hasher.hexdigest() != chunk.digest:
+                raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not "
+                                     f"match its digest {chunk.digest} (the pack is damaged)")
         return b"".join(raw)
     try:
         if zstandard.frame_content_size(frame) != chunk.plain_length:
@@ -204,8 +212,8 @@ def decode_chunk(frame: bytes, chunk: ChunkRecord, pack: str,
     except zstandard.ZstdError as e:
         raise DigestMismatch(f"pack {pack}: chunk {chunk.digest} at offset {chunk.offset} "
                              f"does not match its digest (the pack is damaged: {e})") from None
-    if len(data) != chunk.plain_length or \
-            "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest:
+    if len(data) != chunk.plain_length or (
+            not pack_checked and "sha256:" + hashlib.sha256(data).hexdigest() != chunk.digest):
         raise DigestMismatch(f"pack {pack}: chunk at offset {chunk.offset} does not match "
                              f"its digest {chunk.digest} (the pack is damaged)")
     return data

@@ -221,31 +221,38 @@ class ChunkSource:
         length = records[-1].offset + records[-1].length - start
         fd = self._open_local(records[0].pack)
         span: bytes | bytearray | None
+        checked = False   # the whole pack's digest checked by this restore's download
         if fd is not None:
             span = os.pread(fd, length, start)
             with self.counts.lock:
                 self.counts.local_bytes += len(span)
-        elif (span := self._arriving(pack.digest, start, length, urgent)) is not None:
+        elif (arrived := self._arriving(pack.digest, start, length, urgent)) is not None:
+            span, checked = arrived
             with self.counts.lock:
                 self.counts.streamed_bytes += len(span)
         else:
             span = self._remote_span(pack.digest, start, length, records[0])
         view = memoryview(span)
-        return {n: decode_chunk(bytes(view[r.offset - start:r.offset - start + r.length]), r,
-                                pack.digest, self._decoder())
+        return {n: decode_chunk(view[r.offset - start:r.offset - start + r.length], r,
+                                pack.digest, self._decoder(), pack_checked=checked)
                 for n, r in zip(run, records, strict=True)}
 
-    def _arriving(self, digest: str, start: int, length: int, urgent: bool) -> bytes | None:
-        """Bytes of a pack from its download (unchecked, as any span), when it has brought
-        them (not `urgent`: once it has, up to the deadline); None when it has not, or will
-        not."""
+    def _arriving(self, digest: str, start: int, length: int,
+                  urgent: bool) -> tuple[bytes, bool] | None:
+        """Bytes of a pack from its download, and whether the pack is whole and its digest
+        checked: a page fault (`urgent`) takes them from the pack's file so far, unchecked,
+        if it holds them already; CRIU's background transfer waits (up to the deadline) for
+        the pack to be whole and checked, so its chunks are not hashed again. None when the
+        download has not brought them, or will not."""
         if self._arrivals is None:
             return None
         wait_s = 0.0 if urgent else min(WAIT_S, self._give_up_at() - time.monotonic())
         for _ in range(3):   # a file renamed into place (or dropped) while it was looked up
-            path = self._arrivals.readable(digest, start + length, wait_s, STALL_S)
-            if path is None:
+            found = self._arrivals.readable(digest, start + length, wait_s, STALL_S,
+                                            whole=not urgent)
+            if found is None:
                 return None
+            path, checked = found
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -254,7 +261,8 @@ class ChunkSource:
                 data = os.pread(fd, length, start)
             finally:
                 os.close(fd)
-            return data if len(data) == length else None   # a download begun again: short
+            # a download begun again reads short
+            return (data, checked) if len(data) == length else None
         return None
 
     def _remote_span(self, digest: str, start: int, length: int,

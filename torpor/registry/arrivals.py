@@ -8,7 +8,9 @@ A lazy restore's page source reads a pack while it is still coming (`Arrivals(pa
 the download tells how many bytes of each blob are in its file so far (`growing`), and
 `readable` says which file holds a blob's first bytes, the finished blob or the one still
 being written. Those bytes are not checked yet (the blob's digest is, once whole); the reader
-checks what it reads (each chunk's sha256)."""
+checks what it reads (each chunk's sha256). A blob the download brought (or found in place
+and hashed) is told `arrived` only once its digest is checked, so its reader need not check
+its chunks again (`checked`); the blobs given as `here` were not hashed here."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Arrivals:
         self.partial = partial
         self._changed = threading.Condition()
         self._here: set[str] = set(here)
+        self._checked: set[str] = set()                  # arrived, its digest checked
         self._paths: dict[str, str] = {}                 # arrived: where it is
         self._growing: dict[str, tuple[str, int]] = {}   # coming: its file, bytes written
         self._written: dict[str, int] = {}               # bytes the download wrote, by blob
@@ -34,8 +37,10 @@ class Arrivals:
         self.stopped = threading.Event()   # the rebuild gave up: fetch nothing more
 
     def arrived(self, digest: str, path: str | None = None) -> None:
+        """The blob `digest` is in place (at `path`), its digest checked."""
         with self._changed:
             self._here.add(digest)
+            self._checked.add(digest)
             self._growing.pop(digest, None)
             self._moves += 1
             if path is not None:
@@ -63,23 +68,29 @@ class Arrivals:
         with self._changed:
             return self._error is not None or self._finished
 
+    def checked(self, digest: str) -> bool:
+        """Whether the blob `digest` arrived, its digest checked by this download."""
+        with self._changed:
+            return digest in self._checked
+
     def readable(self, digest: str, end: int, wait_s: float = 0.0,
-                 stall_s: float = 1.0) -> str | None:
-        """A file holding the first `end` bytes of blob `digest`: the blob in place, or its
-        download's file so far (unchecked), waiting up to `wait_s` for it while the download
-        moves (it gives up once nothing was written for `stall_s`). None when there is none by
-        then, or once no download will bring it (failed, finished, stopped): read it
-        elsewhere."""
+                 stall_s: float = 1.0, whole: bool = False) -> tuple[str, bool] | None:
+        """A file holding the first `end` bytes of blob `digest`, and whether its digest is
+        checked: the blob in place, or (unless `whole`) its download's file so far, not
+        checked; waiting up to `wait_s` for it while the download moves (it gives up once
+        nothing was written for `stall_s`). None when there is none by then, or once no
+        download will bring it (failed, finished, stopped): read it elsewhere."""
         now = time.monotonic()
         give_up, stall = now + wait_s, now + stall_s
         with self._changed:
             moves = self._moves
             while True:
                 if digest in self._here:
-                    return self._paths.get(digest)
+                    path = self._paths.get(digest)
+                    return None if path is None else (path, digest in self._checked)
                 path, size = self._growing.get(digest, ("", 0))
-                if size >= end:
-                    return path
+                if size >= end and not whole:
+                    return path, False
                 now = time.monotonic()
                 if self._moves != moves:
                     moves, stall = self._moves, now + stall_s
