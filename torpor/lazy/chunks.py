@@ -110,6 +110,25 @@ class ChunkSource:
         self._read_ahead(record, starts, last)
         return out
 
+    def ready(self, record: FileRecord, offset: int, length: int) -> bool:
+        """Whether `read` of this range would answer at once: each of its chunks cached, or
+        in a pack open on this node or whole and checked by the download (no network, no
+        wait)."""
+        starts = self._extent_starts(record)
+        first = bisect.bisect_right(starts, offset) - 1
+        last = bisect.bisect_left(starts, offset + length)
+        packs = set()
+        with self._lock:
+            for n in record.extents[max(first, 0):last]:
+                if n >= 0 and n not in self._cache:
+                    if n in self._pending:
+                        return False
+                    packs.add(self.index.chunks[n].pack)
+            packs -= self._fds.keys()
+        arrivals = self._arrivals
+        return not packs or (arrivals is not None and all(
+            arrivals.checked(self.index.packs[p].digest) for p in packs))
+
     def chunk_of(self, record: ChunkRecord) -> bytes:
         number = self._numbers[record.digest]
         return self._get([number])[number]

@@ -40,6 +40,7 @@ MAX_ASK = 1 << 20          # pages in one request: more is not CRIU asking
 WORKERS = 8
 
 PageReader = Callable[[str, int, int], list[bytes | memoryview]]  # file, offset, length -> pieces
+PagesReady = Callable[[str, int, int], bool]  # file, offset, length -> read at once (no wait)?
 
 
 @dataclass
@@ -49,8 +50,13 @@ class Served:
 
 
 class PageServer:
-    def __init__(self, sock: socket.socket, pagemaps: dict[int, Pagemap], read: PageReader) -> None:
-        self.sock, self.pagemaps, self.read = sock, pagemaps, read
+    def __init__(self, sock: socket.socket, pagemaps: dict[int, Pagemap], read: PageReader,
+                 ready: PagesReady | None = None) -> None:
+        """`ready`: whether `read` has the pages at hand; such a request, with no answer
+        before it still to send, is answered on the receiving thread at once (CRIU's daemon
+        waits for each answer before it asks for the next range, so the handoffs to a worker
+        and to the sender were most of a request's time while a download shares the CPU)."""
+        self.sock, self.pagemaps, self.read, self.ready = sock, pagemaps, read, ready
         self.served = Served()
         self.failure: BaseException | None = None
         self._write_lock = threading.Lock()
@@ -107,7 +113,13 @@ class PageServer:
                     if command != GET or not 0 < pages <= MAX_ASK:
                         raise FormatError(f"criu lazy-pages sent command {command:#x} for "
                                           f"{pages} pages, which torpor does not serve")
-                    future = pool.submit(self._answer, pid, vaddr, pages)
+                    where = self._locate(pid, vaddr, pages)
+                    with ready:
+                        alone = not answers
+                    if alone and self.ready is not None and self.ready(*where):
+                        self._send(self._answer(pid, vaddr, *where))
+                        continue
+                    future = pool.submit(self._answer, pid, vaddr, *where)
                     with ready:
                         answers.append(future)
                         ready.notify_all()
@@ -120,7 +132,8 @@ class PageServer:
                     future.cancel()
         raise self.failure or FormatError("the page server stopped")
 
-    def _answer(self, pid: int, vaddr: int, pages: int) -> list[bytes | memoryview]:
+    def _locate(self, pid: int, vaddr: int, pages: int) -> tuple[str, int, int]:
+        """The pages file, offset and length of what CRIU asks for, up to the end of its run."""
         pagemap = self.pagemaps.get(pid)
         run = pagemap.find(vaddr) if pagemap else None
         if pagemap is None or run is None or not run.lazy:
@@ -128,8 +141,12 @@ class PageServer:
                               "which the checkpoint does not hold as a lazy page")
         first = (vaddr - run.vaddr) // PAGE
         count = min(pages, run.pages - first)
-        data = self.read(pagemap.pages_file, run.offset + first * PAGE, count * PAGE)
-        return [HEADER.pack(ANSWER, count, vaddr, pid), *data]
+        return pagemap.pages_file, run.offset + first * PAGE, count * PAGE
+
+    def _answer(self, pid: int, vaddr: int, pages_file: str, offset: int,
+                length: int) -> list[bytes | memoryview]:
+        data = self.read(pages_file, offset, length)
+        return [HEADER.pack(ANSWER, length // PAGE, vaddr, pid), *data]
 
     def _send(self, message: list[bytes | memoryview]) -> None:
         with self._write_lock:

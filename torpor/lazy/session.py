@@ -45,6 +45,7 @@ LOG = "lazy-pages.log"
 _PAGES = re.compile(r"pages-\d+\.img\Z")
 START_S = 10.0
 TRACK_S = 1.0
+SEND_BUFFER = 4 << 20   # the kernel caps it at net.core.wmem_max (and doubles it)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class LazyMemory:
         assert self.source is not None
         return self.source.read(self.files[pages_file], offset, length)
 
+    def ready(self, pages_file: str, offset: int, length: int) -> bool:
+        assert self.source is not None
+        return self.source.ready(self.files[pages_file], offset, length)
+
     def start(self, work_dir: str, criu: str, cgroups: list[str]) -> LazyPages:
         """The page source, serving until `wait` ends; the caller closes it after the task.
         The packs' download starts with it."""
@@ -143,6 +148,8 @@ class LazyPages:
         self._killed = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = ours
+        # an answer (4 MiB at most) goes in at once rather than in ~200 KiB turns with CRIU
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         guard_r, guard_w = os.pipe()
         self._guard_pipe = os.fdopen(guard_w, "w", buffering=1)
         try:
@@ -160,7 +167,7 @@ class LazyPages:
             os.close(guard_r)
         for path in cgroups:
             self._tell(f"cgroup {path}")
-        self.server = PageServer(ours, memory.pagemaps, memory.read)
+        self.server = PageServer(ours, memory.pagemaps, memory.read, memory.ready)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="torpor-page-server",
                                         daemon=True)
