@@ -464,9 +464,9 @@ def test_a_pack_the_store_held_before_the_download_is_checked_chunk_by_chunk(
     assert list(out.iterdir()) == []
 
 
-def test_a_checked_pack_still_gives_each_chunk_its_length_and_size() -> None:
-    """A frame from a pack checked whole is not hashed again, but its length and content size
-    are still the index's: a chunk record that does not fit its frame is refused."""
+def test_a_vouched_chunk_still_has_its_length_and_size_checked() -> None:
+    """A frame its pack's own index vouches for is not hashed again, but its length and
+    content size are still the record's; a record the index does not list is hashed."""
     import zstandard
 
     from torpor.formats.chunk_index import ChunkRecord
@@ -478,10 +478,59 @@ def test_a_checked_pack_still_gives_each_chunk_its_length_and_size() -> None:
     digest = "sha256:" + hashlib.sha256(plain).hexdigest()
     zstd = zstandard.ZstdDecompressor()
     record = ChunkRecord(digest, 0, 0, len(raw), len(plain))
-    assert decode_chunk(memoryview(raw), record, "sha256:p", zstd, pack_checked=True) == plain
+    vouched = {(digest, 0, len(raw), len(plain))}
+    assert decode_chunk(memoryview(raw), record, "sha256:p", zstd, vouched) == plain
     with pytest.raises(DigestMismatch):
-        decode_chunk(raw[:-1], record, "sha256:p", zstd, pack_checked=True)
+        decode_chunk(raw[:-1], record, "sha256:p", zstd, vouched)
+    other = ChunkRecord("sha256:" + "0" * 64, 0, 0, len(raw), len(plain))
+    with pytest.raises(DigestMismatch):
+        decode_chunk(raw, other, "sha256:p", zstd, vouched)   # not what the pack says is there
     squeezed = compressor().compress(b"a" * 4096)
     short = ChunkRecord(digest, 0, 0, len(squeezed), 4095)
     with pytest.raises(DigestMismatch):
-        decode_chunk(squeezed, short, "sha256:p", zstd, pack_checked=True)
+        decode_chunk(squeezed, short, "sha256:p", zstd, {(digest, 0, len(squeezed), 4095)})
+
+
+def misdirected(tmp_path: Path) -> tuple[ChunkIndex, bytes]:
+    """A pack of sixteen 64 KiB random chunks (raw frames, all one length) whose chunk index
+    points the second chunk's record at the first chunk's frame: the pack and its digest are
+    sound, the index is not (as sound_indexes.py fears of a stored index)."""
+    import dataclasses
+
+    from torpor.image.chunker import ChunkerParams
+
+    data = random_bytes(MIB, 16)
+    fixed = ChunkerParams(min_size=64 << 10, avg_size=64 << 10, max_size=64 << 10)
+    index = ChunkIndex.from_json(
+        generation(tmp_path, "g1", {"pages-1.img": data}, params=fixed).index.to_json())
+    first, second = (index.chunks[n] for n in index.files[0].extents[:2])
+    assert (first.pack, first.length) == (second.pack, second.length)
+    chunks = list(index.chunks)
+    chunks[index.files[0].extents[1]] = dataclasses.replace(second, offset=first.offset)
+    return dataclasses.replace(index, chunks=tuple(chunks)), data
+
+
+def test_a_record_pointing_at_another_frame_of_a_checked_pack_is_refused(
+        tmp_path: Path) -> None:
+    """The pack's digest was checked whole by this restore, so its chunks are not hashed again,
+    but only those its own index lists where the chunk index says: a record pointing at
+    another frame of the same length is hashed, and refused, in a rebuild and in a lazy
+    restore's page source alike."""
+    from torpor.lazy.chunks import ChunkSource
+    from torpor.registry.arrivals import Arrivals
+
+    index, _ = misdirected(tmp_path)
+    arrivals = Arrivals()
+    for pack in index.packs:
+        arrivals.arrived(pack.digest, str(tmp_path / "packs" / pack.digest.removeprefix("sha256:")))
+    arrivals.finished()
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(DigestMismatch):
+        rebuild(index, packs_in(str(tmp_path / "packs")), str(out), workers=2, arrivals=arrivals)
+    assert list(out.iterdir()) == []
+    source = ChunkSource(index, lambda digest, size: None, None, lambda: float("inf"))
+    source.follow(arrivals)
+    with pytest.raises(DigestMismatch):
+        source.read(index.files[0], 0, 256 << 10)
+    source.close()

@@ -196,17 +196,23 @@ def _hash(hasher: hashlib._Hash, views: list[memoryview]) -> None:
 
 def read_pack_index(path: str) -> PackIndex:
     """The index at the end of a pack file."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8 + _TRAILER.size:
-            raise ImageError(f"pack {path} is too short to hold its index")
-        f.seek(size - _TRAILER.size)
-        length, magic = _TRAILER.unpack(f.read(_TRAILER.size))
-        start = size - _TRAILER.size - length - 8
-        if magic != TRAILER_MAGIC or start < 0:
-            raise ImageError(f"pack {path} does not end with a pack index")
-        f.seek(start)
-        frame_magic, frame_size = struct.unpack("<II", f.read(8))
-        if frame_magic != SKIPPABLE_MAGIC or frame_size != length + _TRAILER.size:
-            raise ImageError(f"pack {path}: its index frame is malformed")
-        return PackIndex.from_json(f.read(length), start)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_pack_index_at(fd, path)
+    finally:
+        os.close(fd)
+
+
+def read_pack_index_at(fd: int, name: str) -> PackIndex:
+    """The index at the end of the pack file open at `fd` (`name` for errors)."""
+    size = os.fstat(fd).st_size
+    if size < 8 + _TRAILER.size:
+        raise ImageError(f"pack {name} is too short to hold its index")
+    length, magic = _TRAILER.unpack(os.pread(fd, _TRAILER.size, size - _TRAILER.size))
+    start = size - _TRAILER.size - length - 8
+    if magic != TRAILER_MAGIC or start < 0:
+        raise ImageError(f"pack {name} does not end with a pack index")
+    frame_magic, frame_size = struct.unpack("<II", os.pread(fd, 8, start))
+    if frame_magic != SKIPPABLE_MAGIC or frame_size != length + _TRAILER.size:
+        raise ImageError(f"pack {name}: its index frame is malformed")
+    return PackIndex.from_json(os.pread(fd, length, start + 8), start)

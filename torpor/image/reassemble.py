@@ -33,7 +33,7 @@ import zstandard
 
 from torpor.errors import DigestMismatch, ImageError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
-from torpor.image.packfile import raw_content
+from torpor.image.packfile import raw_content, read_pack_index_at
 from torpor.registry.arrivals import Arrivals
 
 PackPath = Callable[[str], str]
@@ -135,13 +135,14 @@ class _ArrivingPacks:
     """Packs that a download beside the rebuild is still bringing (registry/arrivals.py): each
     opened, and its size checked, when its first chunk is needed and it is in place. A pack
     the download checked whole (not one the store held already) has its chunks' sha256 not
-    computed again."""
+    computed again where its own index vouches for them (`vouched_chunks`)."""
 
     def __init__(self, index: ChunkIndex, pack_path: PackPath, arrivals: Arrivals) -> None:
         self.index = index
         self.pack_path = pack_path
         self.arrivals = arrivals
         self.fds: dict[int, int] = {}
+        self.vouched: dict[int, Vouched | None] = {}
         self.lock = threading.Lock()
         self.closed = False
         self.local = threading.local()
@@ -157,16 +158,17 @@ class _ArrivingPacks:
             if fd is None:
                 if self.closed:
                     raise ImageError("the rebuild has ended")
+                checked = self.arrivals.checked(pack.digest)   # of the file opened next
                 fd = os.open(self.pack_path(pack.digest), os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     size = os.fstat(fd).st_size
+                    if size != pack.size:
+                        raise DigestMismatch(f"pack {pack.digest} is {size} bytes, not the "
+                                             f"{pack.size} its index says")
+                    self.vouched[number] = vouched_chunks(fd, pack.digest) if checked else None
                 except BaseException:
                     os.close(fd)
                     raise
-                if size != pack.size:
-                    os.close(fd)
-                    raise DigestMismatch(f"pack {pack.digest} is {size} bytes, not the "
-                                         f"{pack.size} its index says")
                 self.fds[number] = fd
             return fd
 
@@ -182,18 +184,34 @@ class _ArrivingPacks:
         frame = os.pread(self._fd(chunk.pack), chunk.length, chunk.offset)
         if not hasattr(self.local, "zstd"):
             self.local.zstd = zstandard.ZstdDecompressor()
-        return decode_chunk(frame, chunk, pack, self.local.zstd,
-                            pack_checked=self.arrivals.checked(pack))
+        return decode_chunk(frame, chunk, pack, self.local.zstd, self.vouched[chunk.pack])
+
+
+Vouched = Collection[tuple[str, int, int, int]]   # a pack's own index: digest, offset, length, plain
+
+
+def vouched_chunks(fd: int, name: str) -> Vouched | None:
+    """The chunks the pack open at `fd` lists in its own index (the frame torpor wrote at each
+    offset, each hashed as it was written), for a pack whose digest this restore has just
+    checked whole: the digest vouches for that index. None when it has none to read (its
+    chunks are then hashed)."""
+    try:
+        return frozenset(read_pack_index_at(fd, name).chunks)
+    except (ImageError, ValueError):
+        return None
 
 
 def decode_chunk(frame: bytes | memoryview, chunk: ChunkRecord, pack: str,
-                 zstd: zstandard.ZstdDecompressor, pack_checked: bool = False) -> bytes:
+                 zstd: zstandard.ZstdDecompressor, vouched: Vouched | None = None) -> bytes:
     """A chunk's bytes from its frame as read from `pack`, checked: frame length, content size,
-    sha256; DigestMismatch naming the pack otherwise. `pack_checked`: the frame was read from
-    a pack whose own digest this restore checked, whole (its download), so its bytes are the
-    ones the index names and their sha256 is not computed again."""
+    sha256; DigestMismatch naming the pack otherwise. `vouched`: the pack's own index, its
+    digest checked whole by this restore (`vouched_chunks`); a chunk it lists at exactly this
+    offset, length and size is the frame torpor wrote and hashed there, so its sha256 is not
+    computed again (a record pointing anywhere else is hashed as any)."""
     if len(frame) != chunk.length:
         raise DigestMismatch(f"pack {pack} ends inside chunk {chunk.digest}")
+    pack_checked = vouched is not None and \
+        (chunk.digest, chunk.offset, chunk.length, chunk.plain_length) in vouched
     raw = raw_content(frame, chunk.plain_length)
     if raw is not None:
         if not pack_checked:

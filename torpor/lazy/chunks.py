@@ -4,21 +4,25 @@ A chunk is read from its pack where the pack is on this node (any image in the l
 that holds it), else by an HTTP range request on its pack in the registry: one request for a
 run of chunks that lie back to back in one pack (up to RUN_BYTES), several runs at once.
 Either way each frame is checked as a full restore checks it (image/reassemble.decode_chunk:
-length, content size, sha256) before a byte of it is used. Behind each read, the next
+length, content size, sha256) before a byte of it is used, but for the sha256 of a chunk
+whose whole pack the download below has checked. Behind each read, the next
 READ_AHEAD bytes of the same file are fetched in the background (CRIU asks in address order).
 A registry that fails is asked again, with backoff, until the deadline the caller gives: a
 lazy restore waits rather than fails, since the process waiting for the page cannot run on
 without it. Decoded chunks are kept in a cache of CACHE_BYTES.
 
 Once the packs are downloading whole behind the workload (`follow`, registry/arrivals.py),
-that download is the read-ahead: a chunk is read from its pack's file as soon as the download
-has written it. CRIU's background transfer waits for that, in the page server's thread, as
-long as the download moves (a download that writes nothing for a second is passed by a range
-request); a page fault (a request of less than URGENT_BYTES) does not wait for it: its chunk
-comes by a range request at once if the download has not brought it yet. CRIU reads the
-answers in the order it asked, so a fault's answer can still wait behind a background one.
-Once the download has ended (or failed), ranges and the read-ahead bring what is missing, as
-without it.
+that download is the read-ahead. CRIU's background transfer waits, in the page server's
+thread, for its pack to be whole and its digest checked, as long as the download moves (a
+download that writes nothing for a second is passed by a range request), and its chunks are
+then not hashed again where the pack's own index vouches for them (decode_chunk's
+`vouched`). A page fault (a request of less than URGENT_BYTES) does not wait: its chunk is
+read from the pack's file if the download has written it (then checked against its own
+sha256, as a range's), else by a range request at once. CRIU reads the answers in the
+order it asked, so a fault's answer can still wait behind a background one. Once the
+download has ended (or failed), ranges and the read-ahead bring what is missing, as without
+it. `ready` says whether a read would answer at once, so the page server can answer it on
+its own thread.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import zstandard
 
 from torpor.errors import DeadlineExceeded, DigestMismatch, RegistryError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
-from torpor.image.reassemble import decode_chunk
+from torpor.image.reassemble import Vouched, decode_chunk, vouched_chunks
 from torpor.registry.arrivals import Arrivals
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
@@ -75,6 +79,7 @@ class ChunkSource:
         self._pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="torpor-chunks")
         self._starts: dict[str, list[int]] = {}
         self._arrivals: Arrivals | None = None
+        self._vouched: dict[int, Vouched | None] = {}   # packs whole and checked: own index
 
     def follow(self, arrivals: Arrivals) -> None:
         """Read the packs not on this node from their download as it comes (`arrivals`)."""
@@ -240,31 +245,33 @@ class ChunkSource:
         length = records[-1].offset + records[-1].length - start
         fd = self._open_local(records[0].pack)
         span: bytes | bytearray | None
-        checked = False   # the whole pack's digest checked by this restore's download
+        vouched: Vouched | None = None   # the pack's own index, its digest checked here
         if fd is not None:
             span = os.pread(fd, length, start)
             with self.counts.lock:
                 self.counts.local_bytes += len(span)
-        elif (arrived := self._arriving(pack.digest, start, length, urgent)) is not None:
-            span, checked = arrived
+        elif (arrived := self._arriving(records[0].pack, start, length, urgent)) is not None:
+            span, vouched = arrived
             with self.counts.lock:
                 self.counts.streamed_bytes += len(span)
         else:
             span = self._remote_span(pack.digest, start, length, records[0])
         view = memoryview(span)
         return {n: decode_chunk(view[r.offset - start:r.offset - start + r.length], r,
-                                pack.digest, self._decoder(), pack_checked=checked)
+                                pack.digest, self._decoder(), vouched)
                 for n, r in zip(run, records, strict=True)}
 
-    def _arriving(self, digest: str, start: int, length: int,
-                  urgent: bool) -> tuple[bytes, bool] | None:
-        """Bytes of a pack from its download, and whether the pack is whole and its digest
-        checked: a page fault (`urgent`) takes them from the pack's file so far, unchecked,
-        if it holds them already; CRIU's background transfer waits (up to the deadline) for
-        the pack to be whole and checked, so its chunks are not hashed again. None when the
-        download has not brought them, or will not."""
+    def _arriving(self, number: int, start: int, length: int,
+                  urgent: bool) -> tuple[bytes, Vouched | None] | None:
+        """Bytes of pack `number` from its download, and, once the pack is whole and its
+        digest checked, its own index (`vouched_chunks`): a page fault (`urgent`) takes them
+        from the pack's file so far, unchecked, if it holds them already; CRIU's background
+        transfer waits (up to the deadline) for the pack to be whole and checked, so its
+        chunks are not hashed again. None when the download has not brought them, or will
+        not."""
         if self._arrivals is None:
             return None
+        digest = self.index.packs[number].digest
         wait_s = 0.0 if urgent else min(WAIT_S, self._give_up_at() - time.monotonic())
         for _ in range(3):   # a file renamed into place (or dropped) while it was looked up
             found = self._arrivals.readable(digest, start + length, wait_s, STALL_S,
@@ -278,11 +285,22 @@ class ChunkSource:
                 continue
             try:
                 data = os.pread(fd, length, start)
+                vouched = self._vouched_by(number, fd) if checked else None
             finally:
                 os.close(fd)
             # a download begun again reads short
-            return (data, checked) if len(data) == length else None
+            return (data, vouched) if len(data) == length else None
         return None
+
+    def _vouched_by(self, number: int, fd: int) -> Vouched | None:
+        """The own index of pack `number`, whole and checked, open at `fd` (read once)."""
+        with self._lock:
+            if number in self._vouched:
+                return self._vouched[number]
+        vouched = vouched_chunks(fd, self.index.packs[number].digest)
+        with self._lock:
+            self._vouched[number] = vouched
+        return vouched
 
     def _remote_span(self, digest: str, start: int, length: int,
                      first: ChunkRecord) -> bytes | bytearray:

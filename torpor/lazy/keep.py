@@ -6,9 +6,10 @@ As the page source starts (before CRIU restores the task), the packs this node l
 downloaded in the chunk index's order (the order the generation's files first use them: a
 generation's own packs in address order), a few at once as a pull downloads them, into the
 restore's layout, each checked against its digest once whole and none left half-written; the
-page source reads each chunk from its pack's file as soon as the download has written it
-(chunks.py, registry/arrivals.py). That download is the read-ahead: a page fault it has not
-brought yet goes to the registry by range request. `finish` waits for the download (until the
+page source reads CRIU's background ranges from each pack once it is whole and checked, and a
+page fault from what the download has written so far (chunks.py, registry/arrivals.py). That
+download is the read-ahead: a page fault it has not brought yet goes to the registry by range
+request. `finish` waits for the download (until the
 restore's deadline) and links the packs this node held already into the layout. A failure here
 costs the restore nothing: the page source then fetches by range what is still missing, and
 the image is not stored.

@@ -9,8 +9,8 @@ the download tells how many bytes of each blob are in its file so far (`growing`
 `readable` says which file holds a blob's first bytes, the finished blob or the one still
 being written. Those bytes are not checked yet (the blob's digest is, once whole); the reader
 checks what it reads (each chunk's sha256). A blob the download brought (or found in place
-and hashed) is told `arrived` only once its digest is checked, so its reader need not check
-its chunks again (`checked`); the blobs given as `here` were not hashed here."""
+and hashed) is told `arrived` only once its digest is checked (`checked`: its reader may then
+trust what the blob's own index says of it); the blobs given as `here` were not hashed here."""
 
 from __future__ import annotations
 
