@@ -60,14 +60,15 @@ class Registry:
 
 
 def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
-                gate: threading.Event | None = None, tamper: bool = False) -> threading.Thread:
+                gate: threading.Event | None = None, tamper: bool = False,
+                covering: int = 64 << 10) -> threading.Thread:
     """The packs written into `into` piece by piece as a pull writes them, told to `arrivals`,
     each told `arrived` once its digest is checked (a pack that fails it fails the download);
-    with `gate`, the first pack stops once it holds the file's first 64 KiB, until the gate
-    is set."""
-    covered, needed = 0, []   # the chunks of the file's first 64 KiB
+    with `gate`, the first pack stops once it holds the chunks of the file's first `covering`
+    bytes, until the gate is set."""
+    covered, needed = 0, []   # the chunks of the file's first `covering` bytes
     for extent in index.files[0].extents:
-        if covered >= 64 << 10:
+        if covered >= covering:
             break
         needed.append(index.chunks[extent])
         covered += index.chunks[extent].plain_length
@@ -120,17 +121,20 @@ def read(source: ChunkSource, record: FileRecord, offset: int, length: int) -> b
 
 
 def test_background_reads_wait_for_their_pack_whole_and_faults_do_not(
-        tmp_path: Path, built: Built) -> None:
+        tmp_path: Path, built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The download holds the first pack once it has written every chunk the background read
+    needs: that read still waits, for the pack to be whole and checked."""
+    monkeypatch.setattr(chunks, "STALL_S", 30.0)   # a loaded machine: no range in between
     data, index, packs = built
     registry, arrivals = Registry(packs), Arrivals()
     source = following(index, registry, arrivals)
     into = tmp_path / "download"
     into.mkdir()
     gate = threading.Event()
-    thread = downloading(index, packs, into, arrivals, gate)
     record = index.files[0]
     after = index.chunks[record.extents[0]].plain_length   # past the chunk the fault reads
     assert index.chunks[record.extents[1]].pack == 0
+    thread = downloading(index, packs, into, arrivals, gate, covering=after + (64 << 10))
     background: list[bytes] = []
     reader = threading.Thread(
         target=lambda: background.append(read(source, record, after, 64 << 10)))

@@ -88,8 +88,10 @@ def test_pages_at_hand_are_answered_at_once_but_never_before_an_earlier_answer()
     """The first GET's pages are not at hand and come late; the second's are: its answer
     still follows the first's. Then, with nothing queued, one at hand is answered at once."""
     release = threading.Event()
+    readers: dict[int, threading.Thread] = {}
 
     def slow_first(name: str, offset: int, length: int) -> list[bytes | memoryview]:
+        readers[offset] = threading.current_thread()
         if offset == 0:
             assert release.wait(5)
         return read(name, offset, length)
@@ -109,6 +111,7 @@ def test_pages_at_hand_are_answered_at_once_but_never_before_an_earlier_answer()
     assert answer(client) == (ANSWER, 1, 0x30000, PID, FILE[6 * PAGE:7 * PAGE])
     client.sendall(HEADER.pack(GET, 2, 0x31000, PID))
     assert answer(client) == (ANSWER, 2, 0x31000, PID, FILE[7 * PAGE:9 * PAGE])
+    assert readers[7 * PAGE] is thread and readers[0] is not thread   # at once; by a worker
     client.sendall(HEADER.pack(CLOSE, 0, 0, 0))
     assert struct.unpack("<i", client.recv(4, socket.MSG_WAITALL)) == (0,)
     thread.join(5)
@@ -116,12 +119,16 @@ def test_pages_at_hand_are_answered_at_once_but_never_before_an_earlier_answer()
 
 
 def test_a_damaged_chunk_at_hand_is_never_sent() -> None:
+    readers: list[threading.Thread] = []
+
     def damaged(name: str, offset: int, length: int) -> list[bytes | memoryview]:
+        readers.append(threading.current_thread())
         raise DigestMismatch("pack sha256:ab: chunk at offset 0 does not match its digest")
 
     client, thread, failures = serve(damaged, lambda name, offset, length: True)
     client.sendall(HEADER.pack(GET, 1, 0x10000, PID))
     thread.join(5)
+    assert readers == [thread]   # read on the receiving thread, and nothing sent
     assert isinstance(failures[0], DigestMismatch)
     client.setblocking(False)
     with pytest.raises(BlockingIOError):

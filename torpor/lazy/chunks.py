@@ -116,16 +116,16 @@ class ChunkSource:
         return out
 
     def ready(self, record: FileRecord, offset: int, length: int) -> bool:
-        """Whether `read` of this range would answer at once: each of its chunks cached, or
-        in a pack open on this node or whole and checked by the download (no network, no
-        wait)."""
+        """Whether `read` of this range would answer at once: each of its chunks in a pack
+        open on this node or whole and checked by the download, none on its way (a chunk
+        only cached could be evicted before the read, and then come by the network)."""
         starts = self._extent_starts(record)
         first = bisect.bisect_right(starts, offset) - 1
         last = bisect.bisect_left(starts, offset + length)
         packs = set()
         with self._lock:
             for n in record.extents[max(first, 0):last]:
-                if n >= 0 and n not in self._cache:
+                if n >= 0:
                     if n in self._pending:
                         return False
                     packs.add(self.index.chunks[n].pack)
