@@ -290,3 +290,32 @@ def test_a_stuck_download_is_given_up_at_the_deadline_and_on_cancel(
     download.cancel()   # again, as the restore's clean-up does: it does not hang either
     assert time.monotonic() - started < 1
     release.set()
+
+
+def test_a_pack_whose_own_download_stalls_is_passed_by_range_while_others_move(
+        tmp_path: Path, built: Built) -> None:
+    """The first pack's connection hangs after its first bytes while another pack keeps
+    coming: CRIU's background read of the first pack goes by range after STALL_S, rather than
+    waiting for the whole download to stop moving."""
+    data, index, packs = built
+    registry, arrivals = Registry(packs), Arrivals()
+    source = following(index, registry, arrivals)
+    first, other = index.packs[0], index.packs[1]
+    stop = threading.Event()
+
+    def download() -> None:
+        arrivals.growing(first.digest, str(tmp_path / "never-read"), 4096)   # then nothing
+        while not stop.wait(0.05):
+            arrivals.growing(other.digest, str(tmp_path / "other"), 4096)   # still moving
+
+    thread = threading.Thread(target=download, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        assert read(source, index.files[0], 0, 64 << 10) == data[:64 << 10]
+    finally:
+        stop.set()
+        thread.join()
+    assert time.monotonic() - started < chunks.STALL_S + 3
+    assert [a[0] for a in registry.asked] == [first.digest]
+    source.close()

@@ -31,6 +31,7 @@ class Arrivals:
         self._paths: dict[str, str] = {}                 # arrived: where it is
         self._growing: dict[str, tuple[str, int]] = {}   # coming: its file, bytes written
         self._written: dict[str, int] = {}               # bytes the download wrote, by blob
+        self._moved: dict[str, float] = {}               # when each blob's file last grew
         self._moves = 0                                  # grows with every write told
         self._error: BaseException | None = None
         self._finished = False
@@ -53,6 +54,7 @@ class Arrivals:
             if digest not in self._here:
                 self._growing[digest] = (path, size)
                 self._written[digest] = size
+                self._moved[digest] = time.monotonic()
                 self._moves += 1
                 self._changed.notify_all()
 
@@ -78,8 +80,9 @@ class Arrivals:
         """A file holding the first `end` bytes of blob `digest`, and whether its digest is
         checked: the blob in place, or (unless `whole`) its download's file so far, not
         checked; waiting up to `wait_s` for it while the download moves (it gives up once
-        nothing was written for `stall_s`). None when there is none by then, or once no
-        download will bring it (failed, finished, stopped): read it elsewhere."""
+        nothing was written for `stall_s`, or, once this blob's own file has begun, nothing
+        to it: one stuck connection while the others move). None when there is none by then,
+        or once no download will bring it (failed, finished, stopped): read it elsewhere."""
         now = time.monotonic()
         give_up, stall = now + wait_s, now + stall_s
         with self._changed:
@@ -94,6 +97,8 @@ class Arrivals:
                 now = time.monotonic()
                 if self._moves != moves:
                     moves, stall = self._moves, now + stall_s
+                if digest in self._moved:
+                    stall = min(stall, self._moved[digest] + stall_s)
                 left = min(give_up, stall) - now
                 if left <= 0 or self._error is not None or self._finished:
                     return None
