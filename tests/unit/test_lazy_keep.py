@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ Built = tuple[bytes, ChunkIndex, Path]   # a pages file's bytes, its index, its 
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     """A pages file of random bytes, cut into packs of at most 4 MiB (read only: shared)."""
     root = tmp_path_factory.mktemp("generation")
-    data = os.urandom(6 * MIB)
+    data = random.Random(21).randbytes(6 * MIB)   # fixed: pack 0 holds several chunks
     (root / "criu").mkdir()
     (root / "criu" / "pages-1.img").write_bytes(data)
     packs = root / "packs"
@@ -61,11 +62,12 @@ class Registry:
 
 def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
                 gate: threading.Event | None = None, tamper: bool = False,
-                covering: int = 64 << 10) -> threading.Thread:
+                covering: int = 64 << 10, held: threading.Event | None = None
+                ) -> threading.Thread:
     """The packs written into `into` piece by piece as a pull writes them, told to `arrivals`,
     each told `arrived` once its digest is checked (a pack that fails it fails the download);
     with `gate`, the first pack stops once it holds the chunks of the file's first `covering`
-    bytes, until the gate is set."""
+    bytes (and sets `held`), until the gate is set."""
     covered, needed = 0, []   # the chunks of the file's first `covering` bytes
     for extent in index.files[0].extents:
         if covered >= covering:
@@ -88,6 +90,8 @@ def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
                     if gate is not None and number == 0 and at + 4096 >= pause_at \
                             and not paused:
                         paused.append(at)
+                        if held is not None:
+                            held.set()
                         gate.wait()
             if "sha256:" + hashlib.sha256(data).hexdigest() != pack.digest:
                 partial.unlink()
@@ -134,12 +138,14 @@ def test_background_reads_wait_for_their_pack_whole_and_faults_do_not(
     record = index.files[0]
     after = index.chunks[record.extents[0]].plain_length   # past the chunk the fault reads
     assert index.chunks[record.extents[1]].pack == 0
-    thread = downloading(index, packs, into, arrivals, gate, covering=after + (64 << 10))
+    held = threading.Event()
+    thread = downloading(index, packs, into, arrivals, gate, covering=after + (64 << 10),
+                         held=held)
     background: list[bytes] = []
     reader = threading.Thread(
         target=lambda: background.append(read(source, record, after, 64 << 10)))
     try:
-        wait_for_bytes(arrivals, index.packs[0].digest)
+        assert held.wait(10), "the download did not reach its pause"
         assert read(source, record, 0, 4096) == data[:4096]   # a fault: the half-written pack
         assert registry.asked == []
         reader.start()   # CRIU's background transfer: not from a pack not yet checked
@@ -151,20 +157,13 @@ def test_background_reads_wait_for_their_pack_whole_and_faults_do_not(
     finally:
         gate.set()
         thread.join()
-        reader.join(5)
+        if reader.ident is not None:
+            reader.join(5)
     assert background == [data[after:after + (64 << 10)]]
     assert read(source, record, 0, len(data)) == data
     assert [a[0] for a in registry.asked] == [index.packs[-1].digest]   # the rest downloaded
     assert source.counts.streamed_bytes > 0
     source.close()
-
-
-def wait_for_bytes(arrivals: Arrivals, digest: str) -> None:
-    """Until the download has written the first bytes of `digest` (the gate holds it there)."""
-    deadline = time.monotonic() + 5
-    while arrivals.readable(digest, 4096) is None:
-        assert time.monotonic() < deadline, "the download wrote nothing"
-        time.sleep(0.01)
 
 
 def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, built: Built) -> None:
@@ -176,9 +175,10 @@ def test_a_tampered_byte_in_the_download_is_refused_before_use(tmp_path: Path, b
     into = tmp_path / "download"
     into.mkdir()
     gate = threading.Event()
-    thread = downloading(index, packs, into, arrivals, gate, tamper=True)
+    held = threading.Event()
+    thread = downloading(index, packs, into, arrivals, gate, tamper=True, held=held)
     try:
-        wait_for_bytes(arrivals, index.packs[0].digest)
+        assert held.wait(10), "the download did not reach its pause"
         with pytest.raises(DigestMismatch):
             source.read(index.files[0], 0, 4096)
     finally:
