@@ -292,30 +292,75 @@ def test_a_stuck_download_is_given_up_at_the_deadline_and_on_cancel(
     release.set()
 
 
-def test_a_pack_whose_own_download_stalls_is_passed_by_range_while_others_move(
-        tmp_path: Path, built: Built) -> None:
-    """The first pack's connection hangs after its first bytes while another pack keeps
-    coming: CRIU's background read of the first pack goes by range after STALL_S, rather than
-    waiting for the whole download to stop moving."""
+def test_a_pack_whose_own_download_stalls_is_passed_while_others_move(
+        tmp_path: Path, built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first pack's connection hangs (its retries tell the same size again) while another
+    pack keeps coming: CRIU's background read of the first pack stops waiting after
+    PACK_STALL_S rather than WAIT_S, and takes what the hung download's file holds, chunk
+    checked, or, where it holds too little, a range request."""
+    monkeypatch.setattr(chunks, "PACK_STALL_S", 1.0)
+    monkeypatch.setattr(chunks, "WAIT_S", 8.0)   # broken, this fails instead of hanging
     data, index, packs = built
+    first, other = index.packs[0], index.packs[1]
+    covered, needs = 0, 0   # the first pack's bytes the read needs: its chunks of 64 KiB
+    for extent in index.files[0].extents:
+        if covered >= 64 << 10:
+            break
+        chunk = index.chunks[extent]
+        covered, needs = covered + chunk.plain_length, max(needs, chunk.offset + chunk.length)
+    held = tmp_path / "held"   # the hung download's file: what it had written
+    held.write_bytes(pack_file(packs, first.digest).read_bytes()[:needs])
+    for written, expect_range in ((4096, True), (needs, False)):
+        registry, arrivals = Registry(packs), Arrivals()
+        source = following(index, registry, arrivals)
+        stop = threading.Event()
+
+        def download(arrivals: Arrivals, stop: threading.Event, written: int) -> None:
+            while not stop.wait(0.05):
+                arrivals.growing(first.digest, str(held), written)      # a retry: no growth
+                arrivals.growing(other.digest, str(tmp_path / "other"), 4096)   # still moving
+
+        thread = threading.Thread(target=download, args=(arrivals, stop, written), daemon=True)
+        thread.start()
+        started = time.monotonic()
+        try:
+            assert read(source, index.files[0], 0, 64 << 10) == data[:64 << 10]
+        finally:
+            stop.set()
+            thread.join()
+        assert 0.9 < time.monotonic() - started < chunks.PACK_STALL_S + 3
+        assert [a[0] for a in registry.asked] == ([first.digest] if expect_range else [])
+        source.close()
+
+
+def test_a_slow_pack_that_still_grows_is_waited_for(
+        tmp_path: Path, built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow connection tells its progress seldom (a MiB at a time): a pack that grew within
+    PACK_STALL_S is still waited for, whole, while another moves; nothing by range."""
+    monkeypatch.setattr(chunks, "PACK_STALL_S", 1.0)
+    monkeypatch.setattr(chunks, "WAIT_S", 8.0)
+    data, index, packs = built
+    first, other = index.packs[0], index.packs[1]
     registry, arrivals = Registry(packs), Arrivals()
     source = following(index, registry, arrivals)
-    first, other = index.packs[0], index.packs[1]
+    whole = tmp_path / first.digest.split(":")[1]
     stop = threading.Event()
 
     def download() -> None:
-        arrivals.growing(first.digest, str(tmp_path / "never-read"), 4096)   # then nothing
-        while not stop.wait(0.05):
-            arrivals.growing(other.digest, str(tmp_path / "other"), 4096)   # still moving
+        for step in range(1, 6):   # 0.6 s between its reports, 3 s in all
+            arrivals.growing(first.digest, str(tmp_path / "partial"), step * 4096)
+            arrivals.growing(other.digest, str(tmp_path / "other"), step * 4096)
+            if stop.wait(0.6):
+                return
+        whole.write_bytes(pack_file(packs, first.digest).read_bytes())
+        arrivals.arrived(first.digest, str(whole))
 
     thread = threading.Thread(target=download, daemon=True)
     thread.start()
-    started = time.monotonic()
     try:
         assert read(source, index.files[0], 0, 64 << 10) == data[:64 << 10]
     finally:
         stop.set()
         thread.join()
-    assert time.monotonic() - started < chunks.STALL_S + 3
-    assert [a[0] for a in registry.asked] == [first.digest]
+    assert registry.asked == []
     source.close()

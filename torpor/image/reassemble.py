@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Collection
@@ -197,7 +198,7 @@ def vouched_chunks(fd: int, name: str) -> Vouched | None:
     chunks are then hashed)."""
     try:
         return frozenset(read_pack_index_at(fd, name).chunks)
-    except (ImageError, ValueError):
+    except (ImageError, ValueError, struct.error, OSError):
         return None
 
 

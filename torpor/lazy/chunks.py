@@ -51,6 +51,7 @@ READ_AHEAD = 64 << 20     # fetched behind each read, of the same file
 FETCHERS = 6
 WAIT_S = 600.0            # the most a request waits for the download before asking by range
 STALL_S = 1.0             # ... or once the download has written nothing for this long
+PACK_STALL_S = 10.0       # ... or the pack's own download nothing, while others move
 URGENT_BYTES = 64 << 10   # less is a page fault (CRIU asks for one page); more, its background
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -80,6 +81,7 @@ class ChunkSource:
         self._starts: dict[str, list[int]] = {}
         self._arrivals: Arrivals | None = None
         self._vouched: dict[int, Vouched | None] = {}   # packs whole and checked: own index
+        self._not_local: set[int] = set()                # packs the store does not hold
 
     def follow(self, arrivals: Arrivals) -> None:
         """Read the packs not on this node from their download as it comes (`arrivals`)."""
@@ -129,10 +131,17 @@ class ChunkSource:
                     if n in self._pending:
                         return False
                     packs.add(self.index.chunks[n].pack)
-            packs -= self._fds.keys()
-        arrivals = self._arrivals
-        return not packs or (arrivals is not None and all(
-            arrivals.checked(self.index.packs[p].digest) for p in packs))
+        return all(self._at_hand_pack(p) for p in packs)
+
+    def _at_hand(self, number: int) -> bool:
+        """Whether chunk `number`'s pack is open on this node, or whole and checked."""
+        return self._at_hand_pack(self.index.chunks[number].pack)
+
+    def _at_hand_pack(self, pack: int) -> bool:
+        with self._lock:
+            if pack in self._fds:
+                return True
+        return self._arrivals is not None and self._arrivals.checked(self.index.packs[pack].digest)
 
     def chunk_of(self, record: ChunkRecord) -> bytes:
         number = self._numbers[record.digest]
@@ -166,11 +175,12 @@ class ChunkSource:
 
     def _start(self, numbers: list[int], urgent: bool = True) -> list[Future[None]]:
         """Fetch `numbers` (none cached or pending) in runs on the fetchers; runs that wait for
-        the packs' download are read here instead, so that they never hold a fetcher a page
-        fault needs."""
+        the packs' download, or that a pack at hand holds, are read here instead (the first
+        never hold a fetcher a page fault needs, the second never wait behind the fetchers'
+        range requests)."""
         futures = []
-        inline = not urgent and self._arrivals is not None
         for run in self._runs(numbers):
+            inline = (not urgent and self._arrivals is not None) or self._at_hand(run[0])
             future: Future[None] = Future() if inline else \
                 self._pool.submit(self._fetch_into_cache, run, urgent)
             with self._lock:
@@ -275,7 +285,7 @@ class ChunkSource:
         wait_s = 0.0 if urgent else min(WAIT_S, self._give_up_at() - time.monotonic())
         for _ in range(3):   # a file renamed into place (or dropped) while it was looked up
             found = self._arrivals.readable(digest, start + length, wait_s, STALL_S,
-                                            whole=not urgent)
+                                            whole=not urgent, own_stall_s=PACK_STALL_S)
             if found is None:
                 return None
             path, checked = found
@@ -297,7 +307,8 @@ class ChunkSource:
         with self._lock:
             if number in self._vouched:
                 return self._vouched[number]
-        vouched = vouched_chunks(fd, self.index.packs[number].digest)
+        pack = self.index.packs[number]
+        vouched = vouched_chunks(fd, pack.digest) if os.fstat(fd).st_size == pack.size else None
         with self._lock:
             self._vouched[number] = vouched
         return vouched
@@ -324,11 +335,13 @@ class ChunkSource:
     def _open_local(self, number: int) -> int | None:
         with self._lock:
             fd = self._fds.get(number)
-        if fd is not None:
-            return fd
+            if fd is not None or number in self._not_local:
+                return fd
         pack = self.index.packs[number]
-        path = self._local(pack.digest, pack.size)
+        path = self._local(pack.digest, pack.size)   # the store's images, looked through
         if path is None:
+            with self._lock:
+                self._not_local.add(number)
             return None
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         size = os.fstat(fd).st_size

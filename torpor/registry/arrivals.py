@@ -52,9 +52,10 @@ class Arrivals:
         """The download's file for `digest` (not yet checked) holds its first `size` bytes."""
         with self._changed:
             if digest not in self._here:
+                if digest not in self._written or size > self._written[digest]:
+                    self._moved[digest] = time.monotonic()   # grew (or began): not a retry
                 self._growing[digest] = (path, size)
                 self._written[digest] = size
-                self._moved[digest] = time.monotonic()
                 self._moves += 1
                 self._changed.notify_all()
 
@@ -75,14 +76,17 @@ class Arrivals:
         with self._changed:
             return digest in self._checked
 
-    def readable(self, digest: str, end: int, wait_s: float = 0.0,
-                 stall_s: float = 1.0, whole: bool = False) -> tuple[str, bool] | None:
+    def readable(self, digest: str, end: int, wait_s: float = 0.0, stall_s: float = 1.0,
+                 whole: bool = False, own_stall_s: float = 10.0) -> tuple[str, bool] | None:
         """A file holding the first `end` bytes of blob `digest`, and whether its digest is
         checked: the blob in place, or (unless `whole`) its download's file so far, not
-        checked; waiting up to `wait_s` for it while the download moves (it gives up once
-        nothing was written for `stall_s`, or, once this blob's own file has begun, nothing
-        to it: one stuck connection while the others move). None when there is none by then,
-        or once no download will bring it (failed, finished, stopped): read it elsewhere."""
+        checked; waiting up to `wait_s` for it while the download moves. It gives up once
+        nothing was written for `stall_s`, or, once this blob's own download has begun,
+        nothing to it for `own_stall_s` (one stuck connection while the others move; longer,
+        since a slow one tells its progress a MiB at a time); a `whole` wait that gives up
+        takes the download's file so far if it holds the bytes. None when there is none by
+        then, or once no download will bring it (failed, finished, stopped): read it
+        elsewhere."""
         now = time.monotonic()
         give_up, stall = now + wait_s, now + stall_s
         with self._changed:
@@ -98,10 +102,10 @@ class Arrivals:
                 if self._moves != moves:
                     moves, stall = self._moves, now + stall_s
                 if digest in self._moved:
-                    stall = min(stall, self._moved[digest] + stall_s)
+                    stall = min(stall, self._moved[digest] + own_stall_s)
                 left = min(give_up, stall) - now
                 if left <= 0 or self._error is not None or self._finished:
-                    return None
+                    return (path, False) if whole and size >= end else None
                 self._changed.wait(left)
 
     def finished(self) -> None:

@@ -38,6 +38,7 @@ def download_blob(repo: RepositoryClient, blob: Descriptor, layout: Layout,
     try:
         with os.fdopen(fd, "wb") as out:
             if growing is not None:
+                growing(name, 0)   # begun: a connection that hangs before its first MiB shows
                 told = report
 
                 def report(size: int) -> None:
