@@ -464,7 +464,9 @@ def test_node_installer_starts_torpord_once_and_again_for_a_new_torpor(
         listed = subprocess.run([str(torpor_bin / "torpor"), "ls"], env=cli,
                                 capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
-        assert commands_served(port, "ls") == 1   # through the installed torpord
+        # through the installed torpord (which counts it once it has reaped its child)
+        wait_for(lambda: commands_served(port, "ls") == 1, timeout=30,
+                 what="torpord to count the ls")
 
         again = install(env)
         assert "torpord: already answers on its socket" in again.stderr, again.stderr

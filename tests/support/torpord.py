@@ -59,6 +59,10 @@ class Torpord:
         return [int(pid) for pid in text.split()]
 
     def metrics_text(self) -> str:
+        """/metrics once torpord has reaped every command it ran, so that each is counted: a
+        command's caller has its exit status from the child itself, a moment before torpord
+        reaps it and records it."""
+        wait_for(lambda: not self.children(), timeout=60, what="torpord's commands reaped")
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
             return str(r.read().decode())
 
