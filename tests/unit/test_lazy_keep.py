@@ -298,7 +298,7 @@ def test_a_pack_whose_own_download_stalls_is_passed_while_others_move(
     pack keeps coming: CRIU's background read of the first pack stops waiting after
     PACK_STALL_S rather than WAIT_S, and takes what the hung download's file holds, chunk
     checked, or, where it holds too little, a range request."""
-    monkeypatch.setattr(chunks, "PACK_STALL_S", 0.4)
+    monkeypatch.setattr(chunks, "PACK_STALL_S", 0.2)
     monkeypatch.setattr(chunks, "WAIT_S", 8.0)   # broken, this fails instead of hanging
     data, index, packs = built
     first, other = index.packs[0], index.packs[1]
@@ -328,7 +328,7 @@ def test_a_pack_whose_own_download_stalls_is_passed_while_others_move(
         finally:
             stop.set()
             thread.join()
-        assert 0.3 < time.monotonic() - started < chunks.PACK_STALL_S + 3
+        assert 0.15 < time.monotonic() - started < chunks.PACK_STALL_S + 3
         assert [a[0] for a in registry.asked] == ([first.digest] if expect_range else [])
         source.close()
 
@@ -337,7 +337,7 @@ def test_a_slow_pack_that_still_grows_is_waited_for(
         tmp_path: Path, built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow connection tells its progress seldom (a MiB at a time): a pack that grew within
     PACK_STALL_S is still waited for, whole, while another moves; nothing by range."""
-    monkeypatch.setattr(chunks, "PACK_STALL_S", 0.6)
+    monkeypatch.setattr(chunks, "PACK_STALL_S", 0.3)
     monkeypatch.setattr(chunks, "WAIT_S", 8.0)
     data, index, packs = built
     first, other = index.packs[0], index.packs[1]
@@ -347,10 +347,10 @@ def test_a_slow_pack_that_still_grows_is_waited_for(
     stop = threading.Event()
 
     def download() -> None:
-        for step in range(1, 6):   # 0.15 s between its reports, 0.75 s in all
+        for step in range(1, 6):   # 0.08 s between its reports, 0.4 s in all
             arrivals.growing(first.digest, str(tmp_path / "partial"), step * 4096)
             arrivals.growing(other.digest, str(tmp_path / "other"), step * 4096)
-            if stop.wait(0.15):
+            if stop.wait(0.08):
                 return
         whole.write_bytes(pack_file(packs, first.digest).read_bytes())
         arrivals.arrived(first.digest, str(whole))
