@@ -60,6 +60,19 @@ class Registry:
             return f.read(length)
 
 
+def first_pack_bytes(index: ChunkIndex, covering: int) -> int:
+    """How many of the first pack's bytes hold the chunks of the file's first `covering`
+    bytes (all of them in that pack)."""
+    covered, needed = 0, []
+    for extent in index.files[0].extents:
+        if covered >= covering:
+            break
+        needed.append(index.chunks[extent])
+        covered += index.chunks[extent].plain_length
+    assert {c.pack for c in needed} == {0}
+    return max(c.offset + c.length for c in needed)
+
+
 def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
                 gate: threading.Event | None = None, tamper: bool = False,
                 covering: int = 64 << 10, held: threading.Event | None = None
@@ -68,14 +81,7 @@ def downloading(index: ChunkIndex, packs: Path, into: Path, arrivals: Arrivals,
     each told `arrived` once its digest is checked (a pack that fails it fails the download);
     with `gate`, the first pack stops once it holds the chunks of the file's first `covering`
     bytes (and sets `held`), until the gate is set."""
-    covered, needed = 0, []   # the chunks of the file's first `covering` bytes
-    for extent in index.files[0].extents:
-        if covered >= covering:
-            break
-        needed.append(index.chunks[extent])
-        covered += index.chunks[extent].plain_length
-    assert {c.pack for c in needed} == {0}
-    pause_at, paused = max(c.offset + c.length for c in needed), []
+    pause_at, paused = first_pack_bytes(index, covering), []
     def run() -> None:
         for number, pack in enumerate(index.packs):
             data = bytearray(pack_file(packs, pack.digest).read_bytes())
@@ -302,12 +308,7 @@ def test_a_pack_whose_own_download_stalls_is_passed_while_others_move(
     monkeypatch.setattr(chunks, "WAIT_S", 8.0)   # broken, this fails instead of hanging
     data, index, packs = built
     first, other = index.packs[0], index.packs[1]
-    covered, needs = 0, 0   # the first pack's bytes the read needs: its chunks of 64 KiB
-    for extent in index.files[0].extents:
-        if covered >= 64 << 10:
-            break
-        chunk = index.chunks[extent]
-        covered, needs = covered + chunk.plain_length, max(needs, chunk.offset + chunk.length)
+    needs = first_pack_bytes(index, 64 << 10)   # the first pack's bytes the read needs
     held = tmp_path / "held"   # the hung download's file: what it had written
     held.write_bytes(pack_file(packs, first.digest).read_bytes()[:needs])
     for written, expect_range in ((4096, True), (needs, False)):

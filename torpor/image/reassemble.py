@@ -5,17 +5,17 @@ packs), so a hostile index cannot fill the disk, and every pack it names must be
 with the size it says. Each file is created 0600 (O_EXCL, no links followed), sized with
 ftruncate so that zero runs stay holes where the filesystem allows (and read back as zeros
 where it does not), and its chunks are written at their offsets. Every chunk is checked as
-it is decompressed (frame size, content size, sha256 of the bytes; the sha256 only where its
-pack was not just downloaded and checked whole by this restore: then its bytes are the
-pack's, which its digest names); a mismatch is DigestMismatch naming the pack. A file is its
-chunks and zero runs in the order the index (digest-checked itself) lists them, so its bytes
-are checked once, chunk by chunk; its length
-must come out as the index says. (The file's own sha256 in the index is not computed again:
-that was a second pass over every byte, the slowest step of a restore.) Chunks are read and
-decompressed on worker threads (zstd and sha256 release the GIL), several files at once; a
-chunk stored raw (packfile.raw_content) is hashed straight from the frame read and its blocks
-joined, without a decompressor (one pwrite of the joined bytes was measured faster on tmpfs
-than a pwritev of the blocks in place).
+it is decompressed (frame size, content size, sha256 of the bytes; not the sha256 where this
+restore has just downloaded the pack and checked its digest whole, and the pack's own index,
+which that digest covers, lists the chunk where the chunk index does: `decode_chunk`'s
+`vouched`); a mismatch is DigestMismatch naming the pack. A file is its chunks and zero runs
+in the order the index (digest-checked itself) lists them, so its bytes are checked once;
+its length must come out as the index says. (The file's own sha256 in the index is not
+computed again: that was a second pass over every byte, the slowest step of a restore.)
+Chunks are read and decompressed on worker threads (zstd and sha256 release the GIL), several
+files at once; a chunk stored raw (packfile.raw_content) is hashed straight from the frame
+read and its blocks joined, without a decompressor (one pwrite of the joined bytes was
+measured faster on tmpfs than a pwritev of the blocks in place).
 On any failure, the files and directories this call created are removed.
 """
 

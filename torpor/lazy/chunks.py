@@ -131,13 +131,10 @@ class ChunkSource:
                     if n in self._pending:
                         return False
                     packs.add(self.index.chunks[n].pack)
-        return all(self._at_hand_pack(p) for p in packs)
+        return all(self._at_hand(p) for p in packs)
 
-    def _at_hand(self, number: int) -> bool:
-        """Whether chunk `number`'s pack is open on this node, or whole and checked."""
-        return self._at_hand_pack(self.index.chunks[number].pack)
-
-    def _at_hand_pack(self, pack: int) -> bool:
+    def _at_hand(self, pack: int) -> bool:
+        """Whether pack number `pack` is open on this node, or whole and checked."""
         with self._lock:
             if pack in self._fds:
                 return True
@@ -180,7 +177,8 @@ class ChunkSource:
         range requests)."""
         futures = []
         for run in self._runs(numbers):
-            inline = (not urgent and self._arrivals is not None) or self._at_hand(run[0])
+            inline = (not urgent and self._arrivals is not None) or \
+                self._at_hand(self.index.chunks[run[0]].pack)
             future: Future[None] = Future() if inline else \
                 self._pool.submit(self._fetch_into_cache, run, urgent)
             with self._lock:

@@ -93,8 +93,6 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     return metadata
 
 
-
-
 def dump_deadline(txn: Transaction, pid: int) -> float | None:
     """How long Tasks.Checkpoint may take to dump: `[checkpoint] timeout_s` plus 10 s per GiB
     of the memory of the container whose init is `pid`, as torpor-runc reckons it, plus
