@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from torpor.errors import DigestMismatch, ImageError, RegistryError
-from torpor.registry import fetch_metadata, pull, push_layout
+from torpor.formats.oci import Descriptor
+from torpor.registry import EarlyBlobs, fetch_metadata, pull, push_layout
 
 from ..support.checkpoint_layouts import WrittenLayout
 from ..support.registry import Registry
@@ -131,6 +132,26 @@ def test_layout_blob_that_does_not_match_is_not_pushed(plain_registry: Registry,
     path.write_bytes(bytes(content))
     with pytest.raises(DigestMismatch, match=victim):
         push_layout(layout.root, f"{plain_registry.host}/team/bad:1", options=FAST)
+    assert not plain_registry.blob_data(victim).exists()
+
+
+@pytest.mark.parametrize("chunk_size", [None, 64 << 10], ids=["monolithic", "chunked"])
+def test_a_blob_written_here_that_changed_on_disk_is_refused_by_the_registry(
+        plain_registry: Registry, layout: WrittenLayout, chunk_size: int | None) -> None:
+    """A checkpoint's own layers and packs go up unhashed (their digests were computed as they
+    were written): if the file no longer matches, the registry's own check refuses it, the
+    upload fails and the registry holds nothing under that digest."""
+    victim = largest_state_layer(layout)
+    path = layout.root / "blobs" / "sha256" / victim.split(":")[1]
+    content = bytearray(path.read_bytes())
+    assert len(content) > 2 * (64 << 10)
+    content[len(content) // 2] ^= 0xFF
+    path.write_bytes(bytes(content))
+    options = FAST if chunk_size is None else dataclasses.replace(FAST, chunk_size=chunk_size)
+    with pytest.raises(RegistryError, match=r"(?i)digest"), \
+            EarlyBlobs(f"{plain_registry.host}/team/early:1", options) as early:
+        early.submit(path, Descriptor("application/octet-stream", victim, len(content)),
+                     written_here=True)
     assert not plain_registry.blob_data(victim).exists()
 
 

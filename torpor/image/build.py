@@ -128,7 +128,7 @@ def _fetch(client: Client, digest: str, size: int, path: Path) -> None:
     os.replace(partial, path)
 
 
-BlobSink = Callable[[Path, Descriptor], None]
+BlobSink = Callable[[Path, Descriptor, bool], None]   # path, descriptor, written_here
 
 
 def _merged_rw_layer(client: Client, previous: Previous | None, older: dict[str, Any],
@@ -214,8 +214,10 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
           level: int = 1, workers: int = 0, progress: Progress | None = None,
           on_blob: BlobSink | None = None, previous: Previous | None = None,
           annotations: dict[str, str] | None = None) -> BuiltImage:
-    """Build the image into `layout_dir`; `on_blob(path, descriptor)` hears of each new layer
-    as soon as it is written (from a worker thread), to upload it early. CRIU's images are
+    """Build the image into `layout_dir`; `on_blob(path, descriptor, written_here)` hears of
+    each layer as soon as it is written (from a worker thread), to upload it early;
+    `written_here` says its digest was computed here from the bytes written (false for the
+    previous generation's packs this one uses). CRIU's images are
     stored as chunks, only those the `previous` generation does not hold being written again;
     `annotations` go on the state manifest."""
     started = time.monotonic()
@@ -225,7 +227,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         with moving:
             path = _move_in(layout, layer)
         if on_blob is not None:
-            on_blob(path, Descriptor(media_type, layer.digest, layer.size))
+            on_blob(path, Descriptor(media_type, layer.digest, layer.size), True)
 
     metadata = checkpoint_dir.load(directory)
     base = metadata.image
@@ -255,7 +257,7 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             with moving:
                 _place_pack(layout, pack_staging, pack)
             sent.add(pack.digest)
-            on_blob(layout.blob_path(pack.digest), _pack_layer(pack))
+            on_blob(layout.blob_path(pack.digest), _pack_layer(pack), True)
 
         generation = write_generation(
             directory, criu, str(pack_staging), known=previous.known() if previous else None,
@@ -267,14 +269,14 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         if on_blob is not None:  # the previous generation's packs this one still uses
             for pack_layer in pack_layers:
                 if pack_layer.digest not in sent:
-                    on_blob(layout.blob_path(pack_layer.digest), pack_layer)
+                    on_blob(layout.blob_path(pack_layer.digest), pack_layer, False)
         index_blob = compress_index(generation.index)
         index_layer = Descriptor(mt.CHUNK_INDEX_ZSTD, sha256_digest(index_blob), len(index_blob))
         layout.write_small(index_layer.digest, index_blob, durable=False)
         index_layer = Descriptor(index_layer.media_type, index_layer.digest, index_layer.size,
                                  index_layer.to_json())
         if on_blob is not None:
-            on_blob(layout.blob_path(index_layer.digest), index_layer)
+            on_blob(layout.blob_path(index_layer.digest), index_layer, True)
 
         # volumes and torpor's state: deterministic tar+zstd layers
         jobs: list[tuple[str, list[layer_io.Piece]]] = [

@@ -7,6 +7,9 @@ the registry's offset from `Range`, seek there and continue. A registry that no 
 the session (distribution 2.8 refuses a session whose dropped chunk it half-wrote) gets a new
 one, from byte 0. The sha256 is computed from the bytes as they are sent; for chunked uploads the
 final `PUT` is sent only when it matches, so a corrupted layout blob never reaches the registry.
+A blob this process has just written, its digest computed from the bytes it wrote (a
+checkpoint's packs and layers, uploaded as they are built), is sent without hashing it again:
+the registry checks the digest when the upload completes, as every pull does.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ class Outcome(enum.Enum):
 
 
 def push_blob(repo: RepositoryClient, path: Path, blob: Descriptor, mount_from: list[str],
-              report: Callable[[int], None]) -> Outcome:
-    """Make `blob` (the content of `path`) exist in `repo`."""
+              report: Callable[[int], None], *, written_here: bool = False) -> Outcome:
+    """Make `blob` (the content of `path`) exist in `repo`. `written_here`: this process wrote
+    `path` and computed `blob.digest` from the bytes it wrote; they are not hashed again."""
     if repo.blob_exists(blob.digest, repo.push_scope):
         report(blob.size)
         return Outcome.EXISTED
@@ -47,12 +51,12 @@ def push_blob(repo: RepositoryClient, path: Path, blob: Descriptor, mount_from: 
             return Outcome.MOUNTED
         if i < len(mount_from) - 1:  # refused: the answer is an upload session; keep the last one
             repo.cancel_upload(start.location)
-    _upload(repo, path, blob, start or repo.start_upload(), report)
+    _upload(repo, path, blob, start or repo.start_upload(), report, written_here)
     return Outcome.UPLOADED
 
 
 def _upload(repo: RepositoryClient, path: Path, blob: Descriptor, start: UploadStart,
-            report: Callable[[int], None]) -> None:
+            report: Callable[[int], None], written_here: bool) -> None:
     try:
         file = open(path, "rb", buffering=0)
     except FileNotFoundError:
@@ -62,13 +66,14 @@ def _upload(repo: RepositoryClient, path: Path, blob: Descriptor, start: UploadS
         if size != blob.size:
             raise ImageError(f"blob {blob.digest} in the layout is {size} bytes, its descriptor says "
                              f"{blob.size}", hint="the layout is damaged; write it again")
-        _Uploader(repo, file, blob, report).run(start)
+        _Uploader(repo, file, blob, report, rehash=not written_here).run(start)
 
 
 class _Uploader:
     def __init__(self, repo: RepositoryClient, file: io.FileIO, blob: Descriptor,
-                 report: Callable[[int], None]) -> None:
+                 report: Callable[[int], None], rehash: bool = True) -> None:
         self.repo, self.file, self.blob, self.report = repo, file, blob, report
+        self.rehash = rehash  # False: the bytes are sent unhashed (a blob written here)
         self.delays = backoff_delays(repo.session.options)
         self.what = f"upload of blob {blob.digest}"
         self.hasher: Hasher = new_hasher(blob.digest)
@@ -156,7 +161,8 @@ class _Uploader:
         start = self.hashed
 
         def observe(chunk: memoryview) -> None:
-            self.hasher.update(chunk)
+            if self.rehash:
+                self.hasher.update(chunk)
             self.hashed += len(chunk)
             self.report(self.hashed)
 
@@ -166,7 +172,8 @@ class _Uploader:
         return open_body
 
     def _verify(self) -> None:
-        verify_hasher(self.hasher, self.blob.digest, f"blob {self.blob.digest} in the layout")
+        if self.rehash:
+            verify_hasher(self.hasher, self.blob.digest, f"blob {self.blob.digest} in the layout")
 
     def _rewind(self, offset: int) -> None:
         """Seek to `offset`, with the hasher holding exactly the bytes before it."""
@@ -176,7 +183,7 @@ class _Uploader:
 
     def _hasher_at(self, offset: int) -> Hasher:
         """A hasher of the file's first `offset` bytes, from the nearest state known."""
-        if offset == self.hashed:
+        if offset == self.hashed or not self.rehash:
             return self.hasher.copy()
         base, known = self.confirmed if self.confirmed[0] <= offset else (0, new_hasher(self.blob.digest))
         hasher = known.copy()

@@ -163,7 +163,8 @@ class EarlyBlobs:
     already is only asked, HEAD, not sent it).
 
         with EarlyBlobs(ref, options) as early:
-            early.submit(path, descriptor)     # from any thread
+            early.submit(path, descriptor)     # from any thread; written_here=True for a blob
+                                               # whose digest was computed as it was written
         push_layout(layout, ref, options=options)
     """
 
@@ -180,10 +181,13 @@ class EarlyBlobs:
         self.bytes = 0
         self.uploaded = self.mounted = self.existing = self.bytes_uploaded = 0
 
-    def submit(self, path: Path, blob: Descriptor) -> None:
+    def submit(self, path: Path, blob: Descriptor, written_here: bool = False) -> None:
+        """Upload `blob` from `path`; `written_here`: its digest was computed here from the
+        bytes written to `path`, so they are sent without hashing them again."""
         self.bytes += blob.size
         self._futures.append((blob, self._pool.submit(push_blob, self._repo, Path(path), blob,
-                                                      self._mount_from, lambda offset: None)))
+                                                      self._mount_from, lambda offset: None,
+                                                      written_here=written_here)))
 
     def check_access(self) -> None:
         """The registry answers and takes a push from these credentials: one upload started
