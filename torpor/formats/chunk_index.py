@@ -25,7 +25,8 @@ from torpor.formats.mediatypes import CHUNK_INDEX, PACK, PACK_INDEX
 
 __all__ = ["CHUNK_INDEX", "PACK", "PACK_INDEX", "ChunkIndex", "ChunkRecord", "Chunking",
            "FileRecord", "PackIndex", "PackRecord", "safe_name"]
-VERSION = 1
+VERSION = 2              # of the chunk index: 1 also listed each file's sha256 (read, unused)
+PACK_INDEX_VERSION = 1
 CHUNKER = "page-crc32-v1"   # chunker.py's boundaries: a page's CRC-32 below a threshold
 COMPRESSION = "zstd"        # each chunk one zstd frame, content size written, no checksum
 MAX_INDEX_BYTES = 256 << 20
@@ -67,7 +68,6 @@ class FileRecord:
 
     name: str     # relative, '/'-separated, no '.', '..' or empty parts
     size: int
-    digest: str   # sha256 of the whole file
     extents: tuple[int, ...]
 
 
@@ -77,26 +77,26 @@ class ChunkIndex:
     packs: tuple[PackRecord, ...]
     chunks: tuple[ChunkRecord, ...]
     files: tuple[FileRecord, ...]
-    version: int = VERSION
 
     def to_json(self) -> bytes:
         return _dumps({
             "mediaType": CHUNK_INDEX,
-            "version": self.version,
+            "version": VERSION,
             "chunking": {"algorithm": self.chunking.algorithm, "page_size": self.chunking.page_size,
                          "min_size": self.chunking.min_size, "avg_size": self.chunking.avg_size,
                          "max_size": self.chunking.max_size,
                          "compression": self.chunking.compression, "level": self.chunking.level},
             "packs": [[p.digest, p.size] for p in self.packs],
             "chunks": [[c.digest, c.pack, c.offset, c.length, c.plain_length] for c in self.chunks],
-            "files": [{"name": f.name, "size": f.size, "digest": f.digest, "extents": list(f.extents)}
+            "files": [{"name": f.name, "size": f.size, "extents": list(f.extents)}
                       for f in self.files],
         })
 
     @classmethod
     def from_json(cls, data: bytes, max_bytes: int = MAX_INDEX_BYTES) -> ChunkIndex:
         top = _loads(data, max_bytes, "chunk index")
-        _check_header(top, CHUNK_INDEX, {"chunking", "packs", "chunks", "files"}, "chunk index")
+        version = _check_header(top, CHUNK_INDEX, {"chunking", "packs", "chunks", "files"},
+                                "chunk index", (1, VERSION))
         ck = _obj(top["chunking"], "chunking")
         _keys(ck, {"algorithm", "page_size", "min_size", "avg_size", "max_size", "compression",
                    "level"}, "chunking")
@@ -122,7 +122,7 @@ class ChunkIndex:
             chunks.append(chunk)
         if len({c.digest for c in chunks}) != len(chunks):
             raise ImageError("chunk index: a chunk is listed twice")
-        files = tuple(_file(f, chunks) for f in _list(top["files"], "files"))
+        files = tuple(_file(f, chunks, version) for f in _list(top["files"], "files"))
         if len({f.name for f in files}) != len(files):
             raise ImageError("chunk index: a file is listed twice")
         return cls(chunking, packs, tuple(chunks), files)
@@ -133,16 +133,15 @@ class PackIndex:
     """The index at the end of a pack: (digest, offset, length, plain length) per chunk."""
 
     chunks: tuple[tuple[str, int, int, int], ...]
-    version: int = VERSION
 
     def to_json(self) -> bytes:
-        return _dumps({"mediaType": PACK_INDEX, "version": self.version,
+        return _dumps({"mediaType": PACK_INDEX, "version": PACK_INDEX_VERSION,
                        "chunks": [list(c) for c in self.chunks]})
 
     @classmethod
     def from_json(cls, data: bytes, pack_size: int) -> PackIndex:
         top = _loads(data, MAX_INDEX_BYTES, "pack index")
-        _check_header(top, PACK_INDEX, {"chunks"}, "pack index")
+        _check_header(top, PACK_INDEX, {"chunks"}, "pack index", (PACK_INDEX_VERSION,))
         chunks = []
         for r in _list(top["chunks"], "chunks"):
             row = _row(r, 4, "chunk")
@@ -164,10 +163,14 @@ def safe_name(name: object) -> str:
     return name
 
 
-def _file(value: object, chunks: list[ChunkRecord]) -> FileRecord:
+def _file(value: object, chunks: list[ChunkRecord], version: int) -> FileRecord:
     f = _obj(value, "file")
-    _keys(f, {"name", "size", "digest", "extents"}, "file")
-    name, size, digest = safe_name(f["name"]), _uint(f["size"], "file size"), _digest(f["digest"])
+    if version == 1:   # each file's sha256 too: checked for form, never used (the chunks' are)
+        _keys(f, {"name", "size", "digest", "extents"}, "file")
+        _digest(f["digest"])
+    else:
+        _keys(f, {"name", "size", "extents"}, "file")
+    name, size = safe_name(f["name"]), _uint(f["size"], "file size")
     extents = tuple(_int(e, "extent") for e in _list(f["extents"], "extents"))
     total = 0
     for e in extents:
@@ -177,7 +180,7 @@ def _file(value: object, chunks: list[ChunkRecord]) -> FileRecord:
     if total != size:
         raise ImageError(f"chunk index: the extents of {name} add up to {total} bytes, "
                          f"not its size {size}")
-    return FileRecord(name, size, digest, extents)
+    return FileRecord(name, size, extents)
 
 
 def _dumps(value: object) -> bytes:
@@ -201,14 +204,18 @@ def _loads(data: bytes, max_bytes: int, what: str) -> dict[str, Any]:
     return _obj(value, what)
 
 
-def _check_header(top: dict[str, Any], media_type: str, fields: set[str], what: str) -> None:
+def _check_header(top: dict[str, Any], media_type: str, fields: set[str], what: str,
+                  versions: tuple[int, ...]) -> int:
+    """The document's version, one of `versions`; its media type and fields checked."""
     version = top.get("version")
-    if version != VERSION or isinstance(version, bool):
+    if type(version) is not int or version not in versions:
+        known = " and ".join(str(v) for v in versions)
         raise ImageError(f"{what} version {version!r} is not known to this torpor "
-                         f"(it reads version {VERSION}; a newer torpor may read it)")
+                         f"(it reads version {known}; a newer torpor may read it)")
     if top.get("mediaType") != media_type:
         raise ImageError(f"{what} has media type {top.get('mediaType')!r}, not {media_type}")
     _keys(top, fields | {"mediaType", "version"}, what)
+    return version
 
 
 def _keys(obj: dict[str, Any], expected: set[str], what: str) -> None:

@@ -182,9 +182,6 @@ class MappedFile:
     def view(self, span: Span) -> memoryview:
         return self._view[span.offset:span.offset + span.length]
 
-    def whole(self) -> memoryview:
-        return self._view[:]
-
     def spans(self, params: ChunkerParams = DEFAULT_PARAMS) -> Generator[Span, None, None]:
         """The file's spans; holes become zero spans without being read."""
         def all_spans() -> Iterator[Span]:

@@ -34,7 +34,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 from torpor.formats.chunk_index import ChunkIndex, Chunking, ChunkRecord, FileRecord, PackRecord, safe_name
 from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams, MappedFile, Span
@@ -163,13 +162,6 @@ class _Hasher:
         return RAW if frame is None else frame
 
 
-def _whole_digest(view: memoryview) -> str:
-    try:
-        return "sha256:" + hashlib.sha256(view).hexdigest()
-    finally:
-        view.release()
-
-
 class _Generation:
     """The state of one write_generation call (chunks placed so far, the open pack)."""
 
@@ -236,14 +228,14 @@ class _Generation:
             if self.on_pack is not None:
                 self.on_pack(record)
 
-    def index(self, chunking: Chunking, files: list[tuple[str, int, str, list[str | int]]]
+    def index(self, chunking: Chunking, files: list[tuple[str, int, list[str | int]]]
               ) -> ChunkIndex:
         chunk_no: dict[str, int] = {}
         pack_no: dict[int, int] = {}
         packs: list[PackRecord] = []
         chunks: list[ChunkRecord] = []
         records = []
-        for name, size, digest, extents in files:
+        for name, size, extents in files:
             numbers = []
             for extent in extents:
                 if isinstance(extent, int):
@@ -259,7 +251,7 @@ class _Generation:
                     chunk_no[extent] = len(chunks)
                     chunks.append(ChunkRecord(extent, pack_no[slot], offset, length, plain))
                 numbers.append(chunk_no[extent])
-            records.append(FileRecord(name, size, digest, tuple(numbers)))
+            records.append(FileRecord(name, size, tuple(numbers)))
         return ChunkIndex(chunking, tuple(packs), tuple(chunks), tuple(records))
 
 
@@ -280,25 +272,21 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     ordered = [safe_name(name) for name in sorted(set(names))]
     big = sum(os.stat(os.path.join(root, name), follow_symlinks=False).st_size
               for name in ordered) >= THREADED_BYTES
-    # for large files, the packs' and the files' sha256 each on a thread of their own, beside
-    # the cutting and the writes (one in the chunk workers' pool held a worker for a whole file)
+    # for large files, the packs' sha256 on a thread of its own, beside the cutting and the writes
     hashing = ThreadPoolExecutor(1, thread_name_prefix="torpor-pack-hash") if big else None
-    wholes = ThreadPoolExecutor(1, thread_name_prefix="torpor-file-hash") if big else None
     gen = _Generation(pack_dir, known, sizing, on_pack, hashing)
-    files: list[tuple[str, int, str, list[str | int]]] = []
+    files: list[tuple[str, int, list[str | int]]] = []
     total = zero = 0
     try:
         with contextlib.ExitStack() as threads:
             pool = threads.enter_context(ThreadPoolExecutor(workers,
                                                             thread_name_prefix="torpor-chunks"))
-            for executor in (hashing, wholes):
-                if executor is not None:
-                    threads.enter_context(executor)
+            if hashing is not None:
+                threads.enter_context(hashing)
             for name in ordered:
                 with MappedFile(os.path.join(root, name)) as mapped:
                     gen.begin_file(mapped.size)
                     extents: list[str | int] = []
-                    whole: Future[str] = (wholes or pool).submit(_whole_digest, mapped.whole())
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
                     spans = mapped.spans(params)
                     try:
@@ -316,11 +304,10 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                             _settle(queue.popleft(), extents, gen, hasher, mapped)
                     finally:
                         spans.close()
-                        outstanding: list[Future[Any]] = [whole, *(f for f, _, _ in queue)]
-                        wait(outstanding)
+                        wait([f for f, _, _ in queue])
                         if gen.writer is not None:   # its pieces of this file hashed
                             gen.writer.wait_hashed()
-                    files.append((name, mapped.size, whole.result(), extents))
+                    files.append((name, mapped.size, extents))
                     total += mapped.size
             gen.close_pack()
     finally:
