@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from torpor.registry import pull, push_layout
+from torpor.formats.oci import Descriptor
+from torpor.registry import EarlyBlobs, PushResult, RegistryOptions, pull, push_layout
 
-from ..support.checkpoint_layouts import write_single_blob_layout
+from ..support.checkpoint_layouts import WrittenLayout, write_single_blob_layout
 from ..support.registry import Registry
 from ..support.tcp_proxy import DroppingProxy
 from .conftest import FAST
@@ -24,43 +25,68 @@ MIB = 1 << 20
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_push_resumes_at_the_registrys_offset(plain_registry: Registry, tmp_path: Path) -> None:
+# each case as `torpor push DIR` sends a layout (every byte hashed as it goes) and as
+# `checkpoint --push` sends the blobs it has just written (unhashed: EarlyBlobs written_here)
+BOTH_WAYS = pytest.mark.parametrize("written_here", [False, True], ids=["layout", "written-here"])
+
+
+def push(layout: WrittenLayout, ref: str, options: RegistryOptions, written_here: bool) -> int:
+    """Push the layout; its big blob first through EarlyBlobs when `written_here`. The number
+    of blobs uploaded."""
+    early = 0
+    if written_here:
+        with EarlyBlobs(ref, options) as ahead:
+            for digest in layout.state_layers:
+                ahead.submit(layout.root / "blobs" / "sha256" / digest.split(":")[1],
+                             Descriptor("application/octet-stream", digest, layout.blobs[digest]),
+                             written_here=True)
+        early = ahead.uploaded
+    pushed: PushResult = push_layout(layout.root, ref, options=options)
+    return early + pushed.uploaded
+
+
+@BOTH_WAYS
+def test_push_resumes_at_the_registrys_offset(plain_registry: Registry, tmp_path: Path,
+                                              written_here: bool) -> None:
     """The connection drops after the 2nd PATCH's headers: the registry still holds chunk 1 and
     says so (GET upload status, Range: 0-1048575); the push continues there, sending no byte twice."""
     layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
     proxy = DroppingProxy(plain_registry.port, nth=2, body_bytes=0)
     try:
-        pushed = push_layout(layout.root, f"{proxy.host}/resume/web1:1",
-                             options=dataclasses.replace(FAST, chunk_size=MIB))
+        uploaded = push(layout, f"{proxy.host}/resume/web1:1",
+                        dataclasses.replace(FAST, chunk_size=MIB), written_here)
     finally:
         proxy.close()
-    assert proxy.dropped and pushed.uploaded == 2
+    assert proxy.dropped and uploaded == 2
     assert proxy.forwarded_upstream < 5 * MIB + 64 * 1024, "resumed, not started again"
     assert_registry_holds(plain_registry, layout.state_layers[0], tmp_path)
 
 
-def test_push_starts_a_new_session_when_the_registry_refuses_to_resume(plain_registry: Registry,
-                                                                        tmp_path: Path) -> None:
+@BOTH_WAYS
+def test_push_starts_a_new_session_when_the_registry_refuses_to_resume(
+        plain_registry: Registry, tmp_path: Path, written_here: bool) -> None:
     """The connection drops 300 kB into the 2nd PATCH: distribution 2.8 has written those bytes but
     refuses the old session ("upload resumed at wrong offset"), so the blob is sent again."""
     layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
     proxy = DroppingProxy(plain_registry.port, nth=2, body_bytes=300_000)
     try:
-        push_layout(layout.root, f"{proxy.host}/resume/web1:1",
-                    options=dataclasses.replace(FAST, chunk_size=MIB))
+        push(layout, f"{proxy.host}/resume/web1:1", dataclasses.replace(FAST, chunk_size=MIB),
+             written_here)
     finally:
         proxy.close()
     assert proxy.dropped and proxy.forwarded_upstream > 6 * MIB
     assert_registry_holds(plain_registry, layout.state_layers[0], tmp_path)
 
 
-def test_monolithic_upload_starts_again_after_a_drop(plain_registry: Registry, tmp_path: Path) -> None:
+@BOTH_WAYS
+def test_monolithic_upload_starts_again_after_a_drop(plain_registry: Registry, tmp_path: Path,
+                                                     written_here: bool) -> None:
     """A blob under the chunk size goes in one streamed PUT; a drop 1 MiB into it sends it again."""
     layout = write_single_blob_layout(tmp_path / "layout", 3 * MIB)
     proxy = DroppingProxy(plain_registry.port, nth=1, method=b"PUT", body_bytes=MIB)
     try:
-        push_layout(layout.root, f"{proxy.host}/resume/web1:1",
-                    options=dataclasses.replace(FAST, parallel=1))
+        push(layout, f"{proxy.host}/resume/web1:1", dataclasses.replace(FAST, parallel=1),
+             written_here)
     finally:
         proxy.close()
     assert proxy.dropped and proxy.forwarded_upstream > 4 * MIB

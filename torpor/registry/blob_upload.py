@@ -7,9 +7,15 @@ the registry's offset from `Range`, seek there and continue. A registry that no 
 the session (distribution 2.8 refuses a session whose dropped chunk it half-wrote) gets a new
 one, from byte 0. The sha256 is computed from the bytes as they are sent; for chunked uploads the
 final `PUT` is sent only when it matches, so a corrupted layout blob never reaches the registry.
+
 A blob this process has just written, its digest computed from the bytes it wrote (a
-checkpoint's packs and layers, uploaded as they are built), is sent without hashing it again:
-the registry checks the digest when the upload completes, as every pull does.
+checkpoint's packs and layers, uploaded as they are built), is sent without hashing it again
+(a pass of sha256 over everything a checkpoint pushes): the registry checks the digest when
+the upload completes (distribution, and every registry that follows the OCI distribution spec,
+answers DIGEST_INVALID), and every pull checks it again. Should the registry refuse it, the file
+is hashed then, and a file that no longer matches is named as the cause. The cost of the
+trade: only a registry that checks nothing would store a blob changed on disk between its write
+and its upload, and every pull would refuse it.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from torpor.errors import ImageError, RegistryError
-from torpor.formats.digests import Hasher, new_hasher, verify_hasher
+from torpor.errors import DigestMismatch, ImageError, RegistryError
+from torpor.formats.digests import Hasher, new_hasher, sha256_file, verify_hasher
 from torpor.formats.oci import Descriptor
 from torpor.registry.client import RepositoryClient, UploadStart, range_end
 from torpor.registry.http_errors import TransientError
@@ -66,7 +72,22 @@ def _upload(repo: RepositoryClient, path: Path, blob: Descriptor, start: UploadS
         if size != blob.size:
             raise ImageError(f"blob {blob.digest} in the layout is {size} bytes, its descriptor says "
                              f"{blob.size}", hint="the layout is damaged; write it again")
-        _Uploader(repo, file, blob, report, rehash=not written_here).run(start)
+        try:
+            _Uploader(repo, file, blob, report, rehash=not written_here).run(start)
+        except RegistryError:
+            if written_here:   # unhashed so far: a file changed since it was written says so
+                _check_written(path, blob)
+            raise
+
+
+def _check_written(path: Path, blob: Descriptor) -> None:
+    """Raise DigestMismatch if `path` no longer holds the bytes of `blob`."""
+    found = sha256_file(str(path))
+    if found != blob.digest:
+        raise DigestMismatch(f"blob {blob.digest} ({path}) changed after torpor wrote it: it "
+                             f"now has digest {found}, and the registry refused it",
+                             hint="something wrote to the checkpoint's layout while it was "
+                                  "uploaded, or the disk returned other bytes; checkpoint again")
 
 
 class _Uploader:
@@ -182,7 +203,8 @@ class _Uploader:
         self.file.seek(offset)
 
     def _hasher_at(self, offset: int) -> Hasher:
-        """A hasher of the file's first `offset` bytes, from the nearest state known."""
+        """A hasher of the file's first `offset` bytes, from the nearest state known (without
+        rehash, an empty one: nothing is hashed)."""
         if offset == self.hashed or not self.rehash:
             return self.hasher.copy()
         base, known = self.confirmed if self.confirmed[0] <= offset else (0, new_hasher(self.blob.digest))
