@@ -11,6 +11,7 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import random
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import zstandard
 
 from torpor.errors import DigestMismatch, ImageError, UnsafeArchive
-from torpor.formats.chunk_index import ChunkIndex
+from torpor.formats.chunk_index import ChunkIndex, PackIndex
 from torpor.image import packs as packs_module
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut
 from torpor.image.packfile import raw_frame_length, read_pack_index
@@ -254,6 +255,15 @@ def test_each_pack_carries_its_own_index_and_is_a_zstd_stream(tmp_path: Path) ->
     chunks = {c.digest: c for c in gen.index.chunks}
     assert len(plain) == sum(c.plain_length for c in chunks.values())
     assert sum(len(read_pack_index(p).chunks) for p in paths) == len(chunks)
+    # the pack index stays at version 1 whatever the chunk index's version: packs written before
+    # and after are the same bytes, so generations keep sharing them
+    with open(paths[0], "rb") as f:
+        assert b'"mediaType":"application/vnd.torpor.checkpoint.pack-index.v1+json","version":1' \
+            in f.read()
+    doc = json.loads(PackIndex(read_pack_index(paths[0]).chunks).to_json())
+    doc["version"] = 2
+    with pytest.raises(ImageError, match="pack index version 2 is not known"):
+        PackIndex.from_json(json.dumps(doc).encode(), os.path.getsize(paths[0]))
 
 
 def test_standalone_generations_of_nearly_the_same_files_share_their_packs(tmp_path: Path) -> None:
@@ -353,7 +363,8 @@ def test_a_hostile_index_is_refused_before_anything_is_written(tmp_path: Path) -
             ChunkIndex.from_json(json.dumps(doc).encode())
 
     refused({"version": 3}, ImageError, "version 3 is not known")
-    refused({"version": 2.0}, ImageError, "version 2.0 is not known")
+    for version in (2.0, 1.0, True, "2", None):
+        refused({"version": version}, ImageError, "is not known")
     refused({"files.0.digest": "sha256:" + "0" * 64}, ImageError, "unexpected")
     refused({"files.0.name": "../etc/passwd"}, UnsafeArchive, "plain relative")
     refused({"files.0.name": "/etc/passwd"}, UnsafeArchive, "plain relative")
