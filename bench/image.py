@@ -3,10 +3,17 @@
 One container holds N MiB (default 1024) of dirty, incompressible memory (memhog); torpor takes
 it from running container to an image in a local docker-registry
 (`torpor checkpoint C -t REF --push --leave-running`), and bare runc checkpoints an identical
-container to a local directory. Then, the local copy removed, `torpor restore REF` pulls the
-image and restores it, against bare `runc restore` from runc's directory. Prints the times,
-their ratios, the raw size of runc's checkpoint and the compressed size of torpor's layers. One
-warm-up round is thrown away (this VM backs memory on first touch).
+container to a local directory. Each round pushes to a repository of its own, so every blob is
+uploaded (a repository holding the previous round's packs would be sent nothing: the memory is
+unchanged and packs converge). The registry's own ingest of runc's raw images is timed too
+(plain HTTP uploads of the same bytes in PART-sized blobs over PARALLEL connections, their
+digests computed beforehand): no client can push those bytes to this registry faster, so
+`runc dump + ingest` is the floor for checkpointing to it. Then, the local copy removed,
+`torpor restore REF` pulls the image and restores it, against bare `runc restore` from runc's
+directory. Each timed step starts after a sync, so that none pays for the previous one's
+writeback. Prints the times, their ratios, the raw size of runc's checkpoint and the
+compressed size of torpor's layers. One warm-up round is thrown away (this VM backs memory on
+first touch).
 
     python -m bench.image [--mib 1024] [--rounds 3]
 """
@@ -14,6 +21,8 @@ warm-up round is thrown away (this VM backs memory on first touch).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -21,15 +30,80 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from bench.checkpoint import bare_bundle, become_subreaper, runc, start
 from bench.harness import world
 from tests.support.registry import Registry
 
+PART = 512 << 20   # bytes per blob of the raw upload
+PARALLEL = 4       # connections, as torpor's own push (RegistryOptions.parallel)
+
 
 def du(path: object) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True,
                               check=True).stdout.split()[0])
+
+
+Part = tuple[Path, int, int, str]   # file, offset, length, sha256 digest
+
+
+def raw_parts(directory: Path) -> list[Part]:
+    """runc's checkpoint files as blobs of at most PART bytes, each with its digest (untimed)."""
+    parts = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            for offset in range(0, size, PART):
+                length = min(PART, size - offset)
+                h = hashlib.sha256()
+                f.seek(offset)
+                left = length
+                while left:
+                    block = f.read(min(left, 8 << 20))
+                    h.update(block)
+                    left -= len(block)
+                parts.append((path, offset, length, "sha256:" + h.hexdigest()))
+    return parts
+
+
+def upload_part(host: str, repository: str, part: Part) -> None:
+    """One blob by POST and a streamed PUT ?digest=, as a minimal client would."""
+    path, offset, length, digest = part
+    conn = http.client.HTTPConnection(host, timeout=300)
+    try:
+        conn.request("POST", f"/v2/{repository}/blobs/uploads/")
+        answer = conn.getresponse()
+        answer.read()
+        location = urllib.parse.urlsplit(answer.headers["Location"])
+        query = f"{location.query}&" if location.query else ""
+        conn.putrequest("PUT", f"{location.path}?{query}digest={digest}")
+        conn.putheader("Content-Type", "application/octet-stream")
+        conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        with open(path, "rb") as f:
+            f.seek(offset)
+            left = length
+            while left:
+                block = f.read(min(left, 1 << 20))
+                conn.send(block)
+                left -= len(block)
+        answer = conn.getresponse()
+        answer.read()
+        if answer.status != 201:
+            raise RuntimeError(f"the registry answered {answer.status} to {path}+{offset}")
+    finally:
+        conn.close()
+
+
+def ingest(host: str, repository: str, parts: list[Part]) -> float:
+    """Seconds for the registry to take `parts`, PARALLEL at a time."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        list(pool.map(lambda part: upload_part(host, repository, part), parts))
+    return time.perf_counter() - t
 
 
 def main() -> int:
@@ -46,11 +120,13 @@ def main() -> int:
             start(node, "r", args.mib, w.base / "gap-r", ["--runtime", "io.containerd.runc.v2"])
             torpor_s: list[float] = []
             runc_s: list[float] = []
+            ingest_s: list[float] = []
             pulled_s: list[float] = []
             restored_s: list[float] = []
             compressed = raw = 0
             for i in range(args.rounds + 1):
-                ref = f"{registry.host}/bench/t:{i}"
+                ref = f"{registry.host}/bench/t{i}:{i}"   # a new repository: every blob goes up
+                os.sync()   # each timed step starts with nothing left to write back
                 t = time.perf_counter()
                 out = subprocess.run([str(w.bin / "torpor"), "checkpoint", "t", "-t", ref, "--push",
                                       "--leave-running", "--volumes", "none", "--json"],
@@ -60,9 +136,14 @@ def main() -> int:
                 subprocess.run([str(w.bin / "torpor"), "rm", ref], env=node.env, check=True,
                                capture_output=True)
                 ck = w.base / f"runc-{i}"
+                os.sync()
                 elapsed_r = runc(node, "checkpoint", "--leave-running", "--image-path", str(ck),
                                  "--work-path", str(w.base / f"work-{i}"), "r")
+                parts = raw_parts(ck)
+                os.sync()
+                ingested = ingest(registry.host, f"bench/raw{i}", parts)
                 # restore: torpor pulls the image it no longer has; runc reads its directory
+                os.sync()   # each timed step starts with nothing left to write back
                 t = time.perf_counter()
                 back = subprocess.run([str(w.bin / "torpor"), "restore", ref, "--name", f"t-{i}",
                                        "--volume", "/gap", "--json"], env=node.env,
@@ -74,6 +155,7 @@ def main() -> int:
                 subprocess.run([str(w.bin / "torpor"), "rm", ref], env=node.env,
                                capture_output=True)
                 bundle = bare_bundle(node, "r", f"r-{i}", w.base / f"bundle-{i}")
+                os.sync()
                 restored = runc(node, "restore", "--detach", "--image-path", str(ck),
                                 "--work-path", str(w.base / f"rwork-{i}"), "--bundle",
                                 str(bundle), "--pid-file", str(bundle / "pid"), f"r-{i}")
@@ -84,23 +166,33 @@ def main() -> int:
                 if i:
                     torpor_s.append(elapsed_t)
                     runc_s.append(elapsed_r)
+                    ingest_s.append(ingested)
                     pulled_s.append(pulled)
                     restored_s.append(restored)
                     compressed, raw = result["compressed_bytes"], du(ck)
+                    sent = result["pushed"]["bytes_uploaded"] / 2**20
                     print(f"round {i}: torpor to registry {elapsed_t:.2f}s (checkpoint "
-                          f"{result['timings']['checkpoint_s']:.2f}s, build "
+                          f"{result['timings']['checkpoint_s']:.2f}s, build and upload "
                           f"{result['timings']['build_s']:.2f}s, manifests "
-                          f"{result['timings']['push_s']:.2f}s), runc checkpoint "
-                          f"{elapsed_r:.2f}s; pull and restore {pulled:.2f}s, runc restore "
+                          f"{result['timings']['push_s']:.2f}s; {sent:.0f} MiB sent), runc "
+                          f"checkpoint {elapsed_r:.2f}s, the registry taking runc's images "
+                          f"{ingested:.2f}s; pull and restore {pulled:.2f}s, runc restore "
                           f"{restored:.2f}s (torpor: pull {steps.get('pull_s', 0):.2f}s, unpack "
                           f"{steps.get('unpack_s', 0):.2f}s, restore {steps.get('restore_s', 0):.2f}s)",
                           flush=True)
                 shutil.rmtree(ck, ignore_errors=True)
+                # no later round reads this one's repositories: without this the registry's
+                # storage grows by twice the memory a round, crowding this VM's page cache
+                shutil.rmtree(registry.storage / "docker", ignore_errors=True)
         finally:
             registry.stop()
     t_med, r_med = statistics.median(torpor_s), statistics.median(runc_s)
+    i_med = statistics.median(ingest_s)
     print(f"{args.mib} MiB: checkpoint to registry {t_med:.2f}s, bare runc checkpoint to disk "
           f"{r_med:.2f}s, ratio {t_med / r_med:.2f}")
+    print(f"{args.mib} MiB: the registry taking runc's raw images alone ({PARALLEL} connections) "
+          f"{i_med:.2f}s, {i_med / r_med:.2f}x the dump; torpor against runc's dump plus that "
+          f"upload {t_med / (r_med + i_med):.2f}")
     p_med, rr_med = statistics.median(pulled_s), statistics.median(restored_s)
     print(f"{args.mib} MiB: restore from the registry (pull + restore) {p_med:.2f}s, bare runc "
           f"restore from disk {rr_med:.2f}s, ratio {p_med / rr_med:.2f}")
