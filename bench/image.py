@@ -10,10 +10,10 @@ unchanged and packs converge). The registry's own ingest of runc's raw images is
 digests computed beforehand): no client can push those bytes to this registry faster, so
 `runc dump + ingest` is the floor for checkpointing to it. Then, the local copy removed,
 `torpor restore REF` pulls the image and restores it, against bare `runc restore` from runc's
-directory. Each timed step starts after a sync, so that none pays for the previous one's
-writeback. Prints the times, their ratios, the raw size of runc's checkpoint and the
-compressed size of torpor's layers. One warm-up round is thrown away (this VM backs memory on
-first touch).
+directory; which restore goes first alternates by round. Each timed step starts after a
+sync, so that none pays for the previous one's writeback. Prints the times, their ratios, the
+raw size of runc's checkpoint and the compressed size of torpor's layers. One warm-up round is
+thrown away (this VM backs memory on first touch).
 
     python -m bench.image [--mib 1024] [--rounds 3]
 """
@@ -35,7 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.checkpoint import bare_bundle, become_subreaper, runc, start
-from bench.harness import world
+from bench.harness import World, world
+from tests.support.containerd import Node
 from tests.support.registry import Registry
 
 PART = 512 << 20   # bytes per blob of the raw upload
@@ -106,6 +107,32 @@ def ingest(host: str, repository: str, parts: list[Part]) -> float:
     return time.perf_counter() - t
 
 
+def torpor_restore(w: World, node: Node, ref: str, name: str) -> tuple[float, dict[str, float]]:
+    """`torpor restore REF` of an image not in the store: seconds, and its own timings."""
+    t = time.perf_counter()
+    back = subprocess.run([str(w.bin / "torpor"), "restore", ref, "--name", name, "--volume",
+                           "/gap", "--json"], env=node.env, capture_output=True, text=True,
+                          check=True)
+    pulled = time.perf_counter() - t
+    node.ctr("tasks", "delete", "--force", name)
+    node.ctr("containers", "rm", name)
+    subprocess.run([str(w.bin / "torpor"), "rm", ref], env=node.env, capture_output=True)
+    return pulled, json.loads(back.stdout).get("timings", {})
+
+
+def runc_restore(w: World, node: Node, ck: Path, i: int) -> float:
+    """Bare `runc restore` from runc's directory `ck`: seconds."""
+    bundle = bare_bundle(node, "r", f"r-{i}", w.base / f"bundle-{i}")
+    restored = runc(node, "restore", "--detach", "--image-path", str(ck), "--work-path",
+                    str(w.base / f"rwork-{i}"), "--bundle", str(bundle), "--pid-file",
+                    str(bundle / "pid"), f"r-{i}")
+    pid = int((bundle / "pid").read_text())
+    runc(node, "kill", f"r-{i}", "KILL")
+    os.waitpid(pid, 0)  # ours: we are the subreaper of what runc restored
+    runc(node, "delete", "--force", f"r-{i}")
+    return restored
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024)
@@ -142,27 +169,14 @@ def main() -> int:
                 parts = raw_parts(ck)
                 os.sync()
                 ingested = ingest(registry.host, f"bench/raw{i}", parts)
-                # restore: torpor pulls the image it no longer has; runc reads its directory
-                os.sync()   # each timed step starts with nothing left to write back
-                t = time.perf_counter()
-                back = subprocess.run([str(w.bin / "torpor"), "restore", ref, "--name", f"t-{i}",
-                                       "--volume", "/gap", "--json"], env=node.env,
-                                      capture_output=True, text=True, check=True)
-                pulled = time.perf_counter() - t
-                steps = json.loads(back.stdout).get("timings", {})
-                node.ctr("tasks", "delete", "--force", f"t-{i}")
-                node.ctr("containers", "rm", f"t-{i}")
-                subprocess.run([str(w.bin / "torpor"), "rm", ref], env=node.env,
-                               capture_output=True)
-                bundle = bare_bundle(node, "r", f"r-{i}", w.base / f"bundle-{i}")
-                os.sync()
-                restored = runc(node, "restore", "--detach", "--image-path", str(ck),
-                                "--work-path", str(w.base / f"rwork-{i}"), "--bundle",
-                                str(bundle), "--pid-file", str(bundle / "pid"), f"r-{i}")
-                pid = int((bundle / "pid").read_text())
-                runc(node, "kill", f"r-{i}", "KILL")
-                os.waitpid(pid, 0)  # ours: we are the subreaper of what runc restored
-                runc(node, "delete", "--force", f"r-{i}")
+                # restore: torpor pulls the image it no longer has; runc reads its directory;
+                # who goes first alternates (memory one frees, the next backs faster here)
+                for who in ("torpor", "runc") if i % 2 else ("runc", "torpor"):
+                    os.sync()   # each timed step starts with nothing left to write back
+                    if who == "torpor":
+                        pulled, steps = torpor_restore(w, node, ref, f"t-{i}")
+                    else:
+                        restored = runc_restore(w, node, ck, i)
                 if i:
                     torpor_s.append(elapsed_t)
                     runc_s.append(elapsed_r)
