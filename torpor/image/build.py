@@ -217,9 +217,9 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
     """Build the image into `layout_dir`; `on_blob(path, descriptor, written_here)` hears of
     each layer as soon as it is written (from a worker thread), to upload it early;
     `written_here` says its digest was computed here from the bytes written (false for the
-    previous generation's packs this one uses). CRIU's images are
-    stored as chunks, only those the `previous` generation does not hold being written again;
-    `annotations` go on the state manifest."""
+    previous generation's packs this one uses). CRIU's images are stored as chunks, only those
+    the `previous` generation does not hold being written again; `annotations` go on the state
+    manifest."""
     started = time.monotonic()
     moving = threading.Lock()
 

@@ -11,8 +11,8 @@ final `PUT` is sent only when it matches, so a corrupted layout blob never reach
 A blob this process has just written, its digest computed from the bytes it wrote (a
 checkpoint's packs and layers, uploaded as they are built), is sent without hashing it again
 (a pass of sha256 over everything a checkpoint pushes): the registry checks the digest when
-the upload completes (distribution, and every registry that follows the OCI distribution spec,
-answers DIGEST_INVALID), and every pull checks it again. Should the registry refuse it, the file
+the upload completes (distribution answers DIGEST_INVALID, the error the OCI distribution
+spec has for it), and every pull checks it again. Should the registry refuse it, the file
 is hashed then, and a file that no longer matches is named as the cause. The cost of the
 trade: only a registry that checks nothing would store a blob changed on disk between its write
 and its upload, and every pull would refuse it.
