@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,18 +57,25 @@ def raw_parts(directory: Path) -> list[Part]:
     parts = []
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         size = path.stat().st_size
-        with open(path, "rb") as f:
-            for offset in range(0, size, PART):
-                length = min(PART, size - offset)
-                h = hashlib.sha256()
-                f.seek(offset)
-                left = length
-                while left:
-                    block = f.read(min(left, 8 << 20))
-                    h.update(block)
-                    left -= len(block)
-                parts.append((path, offset, length, "sha256:" + h.hexdigest()))
+        for offset in range(0, size, PART):
+            length = min(PART, size - offset)
+            h = hashlib.sha256()
+            for block in blocks(path, offset, length, 8 << 20):
+                h.update(block)
+            parts.append((path, offset, length, "sha256:" + h.hexdigest()))
     return parts
+
+
+def blocks(path: Path, offset: int, length: int, size: int) -> Iterator[bytes]:
+    """`length` bytes of `path` from `offset`, read `size` at a time."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while length:
+            block = f.read(min(length, size))
+            if not block:
+                raise RuntimeError(f"{path} ends before {offset}+{length}")
+            yield block
+            length -= len(block)
 
 
 def upload_part(host: str, repository: str, part: Part) -> None:
@@ -84,13 +92,8 @@ def upload_part(host: str, repository: str, part: Part) -> None:
         conn.putheader("Content-Type", "application/octet-stream")
         conn.putheader("Content-Length", str(length))
         conn.endheaders()
-        with open(path, "rb") as f:
-            f.seek(offset)
-            left = length
-            while left:
-                block = f.read(min(left, 1 << 20))
-                conn.send(block)
-                left -= len(block)
+        for block in blocks(path, offset, length, 1 << 20):
+            conn.send(block)
         answer = conn.getresponse()
         answer.read()
         if answer.status != 201:
