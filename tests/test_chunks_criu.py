@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from torpor.image import follow
 from torpor.image.packs import known_chunks, write_generation
 from torpor.image.reassemble import packs_in, rebuild
 
@@ -87,8 +88,9 @@ def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
         proc.wait()
 
 
-def dump(pid: int, directory: Path, *extra: str) -> list[str]:
-    directory.mkdir()
+def dump(pid: int, directory: Path, *extra: str, mkdir: bool = True) -> list[str]:
+    if mkdir:
+        directory.mkdir()
     subprocess.run([criu(), "dump", "-t", str(pid), "-D", str(directory), "--shell-job",
                     "-o", "dump.log", *extra], check=True, capture_output=True)
     return sorted(p.name for p in directory.iterdir() if p.name != "dump.log")
@@ -137,3 +139,27 @@ def test_a_second_dump_of_an_idle_process_is_almost_all_reused(
     g2 = write_generation(str(tmp_path / "d2"), second, str(packs), known=known_chunks(g1.index))
     sent = g2.stats.new_pack_bytes + len(g2.index.to_json())
     assert sent <= 0.05 * (g1.stats.new_pack_bytes + len(g1.index.to_json()))
+
+
+def test_pages_cut_while_criu_writes_them_give_the_generation_cut_after(
+        tmp_path: Path, holder: tuple[subprocess.Popen[bytes], Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DumpFollower reading a real `criu dump` as it writes (image/follow.py): the chunks it
+    hashed then are the chunks of the finished images, so the generation is the same bytes."""
+    monkeypatch.setattr(follow, "WINDOW", MIB)   # read in small steps, to keep up with CRIU
+    pid = holder[0].pid
+    directory = tmp_path / "dump"
+    directory.mkdir()
+    with follow.DumpFollower(str(directory)) as follower:
+        names = dump(pid, directory, "--leave-running", mkdir=False)
+    followed = follower.followed
+    assert followed is not None and followed.bytes_followed() > 0, "nothing followed"
+    packs_a, packs_b = tmp_path / "packs-a", tmp_path / "packs-b"
+    packs_a.mkdir()
+    packs_b.mkdir()
+    with_follower = write_generation(str(directory), names, str(packs_a), followed=followed)
+    without = write_generation(str(directory), names, str(packs_b))
+    assert with_follower.index.to_json() == without.index.to_json()
+    assert sorted(os.listdir(packs_a)) == sorted(os.listdir(packs_b))
+    print(f"followed during the dump: {followed.bytes_followed() >> 20} MiB of "
+          f"{with_follower.stats.total_bytes >> 20} MiB")

@@ -43,6 +43,7 @@ from torpor.formats.oci import Descriptor, OciDocument, distinct_blobs, stored_b
 from torpor.image import directory as checkpoint_dir
 from torpor.image import documents, kube_archive, rw_merge
 from torpor.image import layers as layer_io
+from torpor.image.follow import Followed
 from torpor.image.generations import Previous, link_or_copy, params_of
 from torpor.image.packs import GenerationStats, WrittenGeneration, write_generation
 from torpor.registry.layout import Layout
@@ -213,13 +214,14 @@ def _pack_layer(pack: PackRecord) -> Descriptor:
 def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | None = None,
           level: int = 1, workers: int = 0, progress: Progress | None = None,
           on_blob: BlobSink | None = None, previous: Previous | None = None,
-          annotations: dict[str, str] | None = None) -> BuiltImage:
+          annotations: dict[str, str] | None = None,
+          followed: Followed | None = None) -> BuiltImage:
     """Build the image into `layout_dir`; `on_blob(path, descriptor, written_here)` hears of
     each layer as soon as it is written (from a worker thread), to upload it early;
     `written_here` says its digest was computed here from the bytes written (false for the
     previous generation's packs this one uses). CRIU's images are stored as chunks, only those
     the `previous` generation does not hold being written again; `annotations` go on the state
-    manifest."""
+    manifest; `followed`: CRIU's pages images as a DumpFollower cut them during the dump."""
     started = time.monotonic()
     moving = threading.Lock()
 
@@ -262,7 +264,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         generation = write_generation(
             directory, criu, str(pack_staging), known=previous.known() if previous else None,
             params=params_of(previous.chunks if previous else None), workers=workers,
-            on_pack=pack_done if on_blob is not None else None)
+            on_pack=pack_done if on_blob is not None else None,
+            followed=followed.under(criu_dir) if followed is not None else None)
         if progress:
             progress(generation.stats.total_bytes)
         pack_layers = _place_packs(layout, generation, pack_staging, previous)

@@ -21,7 +21,7 @@ import hashlib
 import mmap
 import os
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 PAGE = 4096
@@ -146,6 +146,25 @@ def _merged(spans: Iterator[Span]) -> Generator[Span, None, None]:
         pending = span
     if pending:
         yield pending
+
+
+def resumed(mapped: MappedFile, done: Sequence[Span], end: int,
+            params: ChunkerParams = DEFAULT_PARAMS) -> Generator[Span, None, None]:
+    """The spans of `mapped` given `done`, the spans of its first `end` bytes as `cut` gave
+    them on pieces of those bytes (follow.py): every span of a piece but the last chunk, which
+    might have gone on, and zero runs split anywhere. Cutting on from the end of a span gives
+    what the cut of the whole file gives there: a boundary depends on one page, and after a
+    span nothing is pending but whether a zero run goes on, which the next page says again;
+    split zero runs are merged. Holes are read as zeros, which cut alike (MappedFile.spans)."""
+    def all_spans() -> Iterator[Span]:
+        yield from done
+        if mapped.size > end:
+            view = mapped.view(Span(end, mapped.size - end))
+            try:
+                yield from cut(view, params, base=end)
+            finally:
+                view.release()
+    return _merged(all_spans())
 
 
 class MappedFile:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from torpor.formats.chunk_index import ChunkIndex, Chunking, ChunkRecord, FileRecord, PackRecord, safe_name
 from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams, MappedFile, Span
+from torpor.image.follow import Followed
 from torpor.image.packfile import LEVEL, PackWriter, compressor, encode, read_pack_index
 
 PACK_TARGET = 32 << 20       # the largest average pack (a 2 GiB file and more)
@@ -99,6 +100,7 @@ class GenerationStats:
     new_bytes: int         # plain bytes of the new chunks
     new_pack_bytes: int    # bytes of the new packs (what must be sent)
     seconds: float
+    followed_bytes: int = 0   # of chunks cut and hashed while CRIU wrote them (follow.py)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,21 @@ class _Hasher:
                 first = digest not in self.claimed
                 self.claimed.add(digest)
             return digest, len(view), self.encode(view) if first else None
+        finally:
+            view.release()
+
+    def followed(self, view: memoryview, digest: str,
+                 frame: bytes | None) -> tuple[str, int, bytes | None]:
+        """As `chunk`, for a chunk the follower hashed: its frame (or RAW) if it made one."""
+        try:
+            if digest in self.known:
+                return digest, len(view), None
+            with self.lock:
+                first = digest not in self.claimed
+                self.claimed.add(digest)
+            if not first:
+                return digest, len(view), None
+            return digest, len(view), frame if frame is not None else self.encode(view)
         finally:
             view.release()
 
@@ -259,12 +276,15 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                      known: Mapping[str, ChunkLocation] | None = None,
                      params: ChunkerParams = DEFAULT_PARAMS, level: int = LEVEL,
                      sizing: PackSizing = DEFAULT_SIZING, workers: int = 0,
-                     on_pack: Callable[[PackRecord], None] | None = None) -> WrittenGeneration:
+                     on_pack: Callable[[PackRecord], None] | None = None,
+                     followed: Followed | None = None) -> WrittenGeneration:
     """Chunk the files `names` (relative to `root`) into new packs under `pack_dir`, storing
     only chunks that are not `known`; returns the generation's index, its new packs, figures.
     `sizing` says how big packs are (PackSizing).
     `on_pack` hears of each new pack as soon as it is whole (<pack_dir>/<hex of its digest>),
-    so that it can be uploaded while the next ones are cut."""
+    so that it can be uploaded while the next ones are cut.
+    `followed`: the chunks a DumpFollower cut and hashed as CRIU wrote (follow.py), taken
+    instead of cutting and hashing them again; the result is the same without it."""
     started = time.monotonic()
     known = known or {}
     workers = workers or os.cpu_count() or 1
@@ -276,7 +296,10 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     hashing = ThreadPoolExecutor(1, thread_name_prefix="torpor-pack-hash") if big else None
     gen = _Generation(pack_dir, known, sizing, on_pack, hashing)
     files: list[tuple[str, int, list[str | int]]] = []
-    total = zero = 0
+    total = zero = from_follower = 0
+    if followed is not None and followed.params != params:
+        followed = None   # cut otherwise: its chunks are not this generation's
+    frames = followed is not None and followed.level == level
     try:
         with contextlib.ExitStack() as threads:
             pool = threads.enter_context(ThreadPoolExecutor(workers,
@@ -288,7 +311,9 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                     gen.begin_file(mapped.size)
                     extents: list[str | int] = []
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
-                    spans = mapped.spans(params)
+                    ahead = followed.files.get(name) if followed is not None else None
+                    resumed = ahead.spans_of(mapped, params) if ahead is not None else None
+                    spans = resumed if resumed is not None else mapped.spans(params)
                     try:
                         for span in spans:
                             if span.zero:
@@ -296,8 +321,14 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                                 zero += span.length
                                 continue
                             extents.append("")
-                            queue.append((pool.submit(hasher.chunk, mapped.view(span)),
-                                          len(extents) - 1, span.offset))
+                            found = ahead.chunk(span) if resumed is not None and ahead is not None else None
+                            if found is None:
+                                job = pool.submit(hasher.chunk, mapped.view(span))
+                            else:
+                                from_follower += span.length
+                                job = _followed_job(pool, hasher, mapped.view(span), found[0],
+                                                    found[1] if frames else None)
+                            queue.append((job, len(extents) - 1, span.offset))
                             while len(queue) > 4 * workers or (queue and queue[0][0].done()):
                                 _settle(queue.popleft(), extents, gen, hasher, mapped)
                         while queue:
@@ -317,8 +348,19 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     index = gen.index(chunking, files)
     stats = GenerationStats(len(files), total, zero, len(index.chunks), gen.new_chunks,
                             gen.new_bytes, sum(p.size for p in gen.new_packs),
-                            time.monotonic() - started)
+                            time.monotonic() - started, from_follower)
     return WrittenGeneration(index, tuple(gen.new_packs), stats)
+
+
+def _followed_job(pool: Executor, hasher: _Hasher, view: memoryview, digest: str,
+                  frame: bytes | None) -> Future[tuple[str, int, bytes | None]]:
+    """A followed chunk's answer: at once when the follower made its frame (or found it raw),
+    else encoded on a worker."""
+    if frame is None:
+        return pool.submit(hasher.followed, view, digest, None)
+    done: Future[tuple[str, int, bytes | None]] = Future()
+    done.set_result(hasher.followed(view, digest, frame))
+    return done
 
 
 def _settle(item: tuple[Future[tuple[str, int, bytes | None]], int, int], extents: list[str | int],

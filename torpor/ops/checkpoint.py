@@ -52,6 +52,7 @@ from torpor.containerd.api.task_pb2 import PAUSED, RUNNING
 from torpor.containerd.client import Client
 from torpor.errors import CheckpointError, NotFound, TorporError
 from torpor.formats import annotations as ann
+from torpor.formats import names
 from torpor.formats.files import Sizes
 from torpor.formats.journal import JournalTarget
 from torpor.formats.request import CheckpointRequest
@@ -109,6 +110,7 @@ class CheckpointResult:
     pushed: PushSummary | None = None
     new_bytes: int = 0                # blobs the previous generation did not have
     previous: str | None = None       # the local image it was built on
+    followed_bytes: int = 0           # of CRIU's pages cut and hashed while the dump ran
 
     @property
     def written_bytes(self) -> int:
@@ -201,9 +203,14 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     directory = os.path.join(plan.scratch, "checkpoint") if plan.scratch else plan.directory
     assert directory is not None
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    # 3.-6. the dump and the checkpoint directory
+    # 3.-6. the dump and the checkpoint directory; for an image, its pages cut as CRIU writes
+    follower = None
+    if plan.scratch:
+        from torpor.image.follow import DumpFollower
+
+        follower = DumpFollower(os.path.join(directory, names.CRIU_DIR))
     metadata = checkpoint_into(txn, container, request, directory, progress, started,
-                               kept=plan.scratch is None)
+                               kept=plan.scratch is None, beside_dump=follower)
     if plan.scratch is None:
         synced = _make_durable(txn, progress, directory)
         txn.commit()
@@ -220,6 +227,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     from torpor.registry import push_layout
 
     ref = target.ref
+    followed = follower.followed if follower is not None else None
     layout_dir = plan.directory if target.oci and plan.directory else \
         os.path.join(plan.scratch, "layout")
     t = time.monotonic()
@@ -233,17 +241,19 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         with early:  # waits for the uploads; the first that failed raises
             built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
                                       level=cfg.image_zstd_level, on_blob=early.submit,
-                                      previous=basis.previous, annotations=basis.annotations)
+                                      previous=basis.previous, annotations=basis.annotations,
+                                      followed=followed)
     else:
         progress.step("compressing layers (zstd, in parallel)")
         built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level, previous=basis.previous,
-                                  annotations=basis.annotations)
+                                  annotations=basis.annotations, followed=followed)
     sound_indexes.record(Path(cfg.image_store), built.chunk_index)  # a basis for the next one
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
         built = encrypt_layout.encrypt_built(built, target.recipients, tag_of(ref))
-    timings = {**metadata.timings, "checkpoint_s": t - started, "build_s": time.monotonic() - t}
+    timings = {**metadata.timings, "dump_s": metadata.timings["checkpoint_s"],
+               "checkpoint_s": t - started, "build_s": time.monotonic() - t}
     from torpor.signing import own
 
     own.record(cfg.image_store, built.index.digest)   # this node's own: restorable here unsigned
@@ -278,7 +288,8 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     return CheckpointResult(container.record.id, stopped, metadata.sizes, timings, ref=ref,
                             layout=layout, digest=built.index.digest,
                             raw_bytes=built.raw_bytes, compressed_bytes=built.compressed_bytes,
-                            pushed=pushed, new_bytes=built.new_bytes, previous=built.previous)
+                            pushed=pushed, new_bytes=built.new_bytes, previous=built.previous,
+                            followed_bytes=built.chunks.followed_bytes if built.chunks else 0)
 
 
 def _make_durable(txn: Transaction, progress: Progress, output: str) -> float:

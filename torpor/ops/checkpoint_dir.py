@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +40,12 @@ class CheckpointedContainer:
 
 def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request: CheckpointRequest,
                      directory: str, progress: Progress, started: float,
-                     kept: bool = False) -> CheckpointMetadata:
+                     kept: bool = False,
+                     beside_dump: AbstractContextManager[object] | None = None
+                     ) -> CheckpointMetadata:
     """Steps 3 to 6 into the empty directory `directory`; `kept`: it is the checkpoint itself
-    (-o DIR), synced next, so torpor-runc has CRIU's images written to disk as CRIU dumps."""
+    (-o DIR), synced next, so torpor-runc has CRIU's images written to disk as CRIU dumps;
+    `beside_dump` is entered for as long as the dump runs (an image's DumpFollower)."""
     record = container.record
     node = runtime_tools.gather_ahead(txn.client.address, container.runtime)   # for step 6
     criu_dir = os.path.join(directory, names.CRIU_DIR)
@@ -59,8 +63,9 @@ def checkpoint_into(txn: Transaction, container: CheckpointedContainer, request:
     options = runc_runtime.checkpoint_options(request.criu, **paths)
     progress.step("checkpointing the task (torpor-runc, CRIU)")
     t0 = time.monotonic()
-    txn.dump(lambda: txn.client.checkpoint_task(record.id, options), criu_dir,
-             dump_deadline(txn, container.pid))
+    with beside_dump or nullcontext():
+        txn.dump(lambda: txn.client.checkpoint_task(record.id, options), criu_dir,
+                 dump_deadline(txn, container.pid))
     checkpoint_s = time.monotonic() - t0
     state = txn.state(criu_dir)
     # 5. the directory's layout

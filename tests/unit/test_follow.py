@@ -1,0 +1,190 @@
+"""Pages images cut while they are written (image/follow.py): a generation written with what a
+DumpFollower made is byte for byte the one written without it, whatever the follower saw.
+
+The writer here appends as CRIU does: pieces of any size, front to back, never going back.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torpor.image import follow
+from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, resumed
+from torpor.image.follow import DumpFollower, Followed
+from torpor.image.packs import WrittenGeneration, write_generation
+
+MIB = 1 << 20
+
+
+def image_bytes(seed: int) -> bytes:
+    """~11 MiB: random pages, text, a zero run longer than the follower's window in the test,
+    isolated zero pages, and a partial last page."""
+    rnd = random.Random(seed)
+    text = b"".join(b"key-%d=value-%d;" % (i, i * 7) for i in range(120_000))
+    parts = [rnd.randbytes(3 * MIB), text[:2 * MIB], bytes(3 * MIB)]
+    for _ in range(32):
+        parts += [rnd.randbytes(5 * PAGE), bytes(PAGE)]
+    parts += [rnd.randbytes(2 * MIB), b"tail" * 300]
+    return b"".join(parts)
+
+
+FILES = {"pages-1.img": image_bytes(1), "pages-2.img": random.Random(2).randbytes(3 * MIB + 17),
+         "pages-3.img": b"small" * 100, "pagemap-1.img": b"not followed" * 1000}
+
+
+def append_slowly(path: Path, data: bytes, seed: int) -> None:
+    """`data` into `path` in pieces of 1 byte to 600 KiB, as a dump appends."""
+    rnd = random.Random(seed)
+    with open(path, "wb", buffering=0) as f:
+        pos = 0
+        while pos < len(data):
+            n = rnd.choice((1, 100, PAGE, 3 * PAGE + 5, 64 << 10, 600 << 10))
+            f.write(data[pos:pos + n])
+            pos += n
+            if rnd.random() < 0.2:
+                time.sleep(0.001)
+
+
+def dump_followed(root: Path, files: dict[str, bytes], **kwargs: object) -> Followed:
+    """The files written one after the other under root/criu while a follower follows."""
+    criu = root / "criu"
+    criu.mkdir(parents=True)
+    with DumpFollower(str(criu), **kwargs) as follower:  # type: ignore[arg-type]
+        for n, (name, data) in enumerate(files.items()):
+            append_slowly(criu / name, data, n)
+        wanted = {n for n in files if n.startswith("pages-")}
+        deadline, last = time.monotonic() + 30, -1
+        while time.monotonic() < deadline and not (
+                wanted <= set(follower.files) and follower.followed_bytes == last):
+            last = follower.followed_bytes
+            time.sleep(0.03)   # until it has caught up with the writer
+    assert follower.followed is not None
+    return follower.followed
+
+
+def generation(root: Path, packs: Path, followed: Followed | None = None,
+               **kwargs: object) -> WrittenGeneration:
+    packs.mkdir()
+    names = sorted(f"criu/{n}" for n in os.listdir(root / "criu"))
+    return write_generation(str(root), names, str(packs), workers=2,
+                            followed=followed.under("criu/") if followed else None,
+                            **kwargs)  # type: ignore[arg-type]
+
+
+def assert_same(a: WrittenGeneration, b: WrittenGeneration, packs_a: Path, packs_b: Path) -> None:
+    assert a.index.to_json() == b.index.to_json()
+    assert [p.digest for p in a.new_packs] == [p.digest for p in b.new_packs]
+    for pack in a.new_packs:
+        name = pack.digest.removeprefix("sha256:")
+        assert (packs_a / name).read_bytes() == (packs_b / name).read_bytes()
+
+
+@pytest.fixture(autouse=True)
+def small_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window of 1 MiB, so that the zero run spans several and chunks straddle many."""
+    monkeypatch.setattr(follow, "WINDOW", MIB)
+
+
+def test_a_generation_from_a_followed_dump_is_the_one_written_without(tmp_path: Path) -> None:
+    followed = dump_followed(tmp_path, FILES)
+    assert set(followed.files) == {"pages-1.img", "pages-2.img", "pages-3.img"}
+    # past the zero run longer than a window, to within a chunk or so of the end
+    assert followed.files["pages-1.img"].end > len(FILES["pages-1.img"]) - MIB
+    with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    # most of the pages were cut and hashed during the "dump"
+    assert with_follower.stats.followed_bytes > 6 * MIB
+    assert without.stats.followed_bytes == 0
+
+
+def test_what_it_made_is_dropped_where_it_is_not_the_same_file_or_cut(tmp_path: Path) -> None:
+    followed = dump_followed(tmp_path, FILES)
+    criu = tmp_path / "criu"
+    # pages-1.img replaced by another file (another inode) with other bytes
+    other = bytearray(FILES["pages-1.img"])
+    other[4 * MIB:4 * MIB + 10] = b"0123456789"
+    (criu / "new").write_bytes(bytes(other))
+    os.replace(criu / "new", criu / "pages-1.img")
+    with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    assert with_follower.stats.followed_bytes <= len(FILES["pages-2.img"])
+    # another chunking (a previous generation's): nothing taken
+    params = ChunkerParams(64 << 10, 256 << 10, 1 << 20)
+    other_cut = generation(tmp_path, tmp_path / "packs-c", followed, params=params)
+    plain = generation(tmp_path, tmp_path / "packs-d", params=params)
+    assert_same(other_cut, plain, tmp_path / "packs-c", tmp_path / "packs-d")
+    assert other_cut.stats.followed_bytes == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"frame_budget": 0}, {"level": 3}], ids=["no-frames", "level"])
+def test_frames_not_kept_or_of_another_level_are_made_again(tmp_path: Path,
+                                                            kwargs: dict[str, int]) -> None:
+    followed = dump_followed(tmp_path, FILES, **kwargs)
+    with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    assert with_follower.stats.followed_bytes > 6 * MIB
+
+
+def test_a_follower_that_failed_leaves_nothing_to_take(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> list[object]:
+        raise OSError("cannot cut")
+    monkeypatch.setattr(follow, "cut", broken)
+    criu = tmp_path / "criu"
+    criu.mkdir()
+    (criu / "pages-1.img").write_bytes(FILES["pages-1.img"])
+    follower = DumpFollower(str(criu)).start()
+    deadline = time.monotonic() + 10
+    while follower.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert isinstance(follower.error, OSError)
+    assert follower.stop().files == {}
+
+
+def test_spans_resumed_anywhere_are_the_whole_files_spans(tmp_path: Path) -> None:
+    """The cut restarted at the end of any span of a prefix (the follower's windows) gives the
+    spans of the whole file: chunks that straddle, zero runs split, the partial last page."""
+    path = tmp_path / "pages-1.img"
+    data = FILES["pages-1.img"]
+    path.write_bytes(data)
+    with MappedFile(str(path)) as mapped:
+        whole = list(mapped.spans(DEFAULT_PARAMS))
+        rnd = random.Random(5)
+        for _ in range(20):
+            end = rnd.randrange(0, len(data) // PAGE) * PAGE
+            done = [s for s in whole if s.offset + s.length <= end]
+            end = done[-1].offset + done[-1].length if done else 0
+            zero = next((s for s in whole if s.zero and s.offset < end + 3 * PAGE
+                         and s.offset + s.length > end + 3 * PAGE), None)
+            if zero is not None and zero.offset >= end:  # split a zero run, as a window may
+                done.append(type(zero)(zero.offset, end + 3 * PAGE - zero.offset, True))
+                end += 3 * PAGE
+            assert list(resumed(mapped, done, end, DEFAULT_PARAMS)) == whole
+
+
+def test_its_threads_run_below_the_dump(tmp_path: Path) -> None:
+    """nice NICE on the follower's own threads, the caller's left as it was."""
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+    real = follow.DumpFollower._names
+
+    def names(self: DumpFollower) -> list[str]:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(self)
+    follower = DumpFollower(str(tmp_path))
+    follower._names = names.__get__(follower)  # type: ignore[method-assign]
+    with follower:
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert seen and seen[0] == min(19, before + follow.NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

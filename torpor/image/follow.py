@@ -1,0 +1,233 @@
+"""Cutting CRIU's page images while CRIU writes them, so that a checkpoint image has less left
+to do once the dump is over.
+
+A checkpoint image cuts every pages-*.img into chunks, hashes each (sha256) and tries each in
+zstd (packs.py): for 2 GiB, ~0.7 s of cutting on one thread and ~1 s of sha256, all of it
+after CRIU is done, while a core sat idle during the dump. CRIU writes a pages image front to
+back and never goes back (criu/page-xfer.c: each batch of pages spliced from the parasite's
+pipe to the end of the file), so the bytes below a pages image's size are final. A
+`DumpFollower` reads each pages image behind CRIU as it grows (pread: a file cut short under
+it is a short read, not a SIGBUS), cuts what it has read exactly as `chunker.cut` cuts the
+whole file (chunker.resumed), and hashes and encodes each chunk on a worker. Its threads run
+at nice NICE, each: CRIU, which holds the workload frozen, keeps the CPU it needs.
+
+`write_generation` then takes the chunks it finds here (`FollowedFile.chunk`: by offset and
+length) and cuts, hashes and encodes only what the follower had not reached. Nothing here
+decides what a checkpoint holds: a generation written with a follower is byte for byte the one
+written without (tests/unit/test_follow.py), and a follower that is late, stopped or failed
+leaves less done, never something else. A file it cannot vouch for (another inode than the one
+it read, other chunker parameters) is cut again whole.
+
+What it keeps: each chunk's digest, and its zstd frame when zstd shrinks it, up to
+FRAME_BUDGET bytes of frames; beyond that a frame is made again when the pack is written. A
+chunk stored raw (random memory) costs nothing to remember.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import stat
+import threading
+from collections import deque
+from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut, resumed
+from torpor.image.packfile import LEVEL, compressor, encode
+
+NICE = 10                 # the follower's threads: below CRIU, which holds the workload frozen
+WINDOW = 16 << 20         # bytes read and cut at once
+FRAME_BUDGET = 256 << 20  # zstd frames kept for the pack writer; past it, only digests
+POLL_S = 0.01
+IN_FLIGHT = 64            # chunks waiting for a worker, at most
+PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
+RAW = b""                 # a chunk stored raw (packs.RAW)
+
+
+@dataclass
+class FollowedFile:
+    """What the follower made of one pages image: its spans over [0, end) and, by offset, each
+    chunk's (length, digest, frame: bytes, RAW, or None for one to encode again)."""
+
+    ino: int
+    dev: int
+    spans: list[Span] = field(default_factory=list)
+    end: int = 0
+    chunks: dict[int, tuple[int, str, bytes | None]] = field(default_factory=dict)
+
+    def spans_of(self, mapped: MappedFile,
+                 params: ChunkerParams) -> Generator[Span, None, None] | None:
+        """The whole file's spans, the followed ones first; None if `mapped` is not the file
+        this followed (another inode, or shorter than what was read)."""
+        st = os.fstat(mapped.fd)
+        if (st.st_ino, st.st_dev) != (self.ino, self.dev) or self.end > mapped.size:
+            return None
+        return resumed(mapped, self.spans, self.end, params)
+
+    def chunk(self, span: Span) -> tuple[str, bytes | None] | None:
+        """(digest, frame) of a chunk the follower hashed, or None."""
+        found = self.chunks.get(span.offset)
+        if found is None or found[0] != span.length:
+            return None
+        return found[1], found[2]
+
+
+@dataclass(frozen=True)
+class Followed:
+    """What a follower made, for `write_generation`: the files by name, and the chunker
+    parameters and zstd level it cut and encoded with."""
+
+    params: ChunkerParams
+    level: int
+    files: dict[str, FollowedFile]
+
+    def under(self, prefix: str) -> Followed:
+        """The same, the files named as under `prefix` (as the generation names them)."""
+        return Followed(self.params, self.level,
+                        {f"{prefix}{name}": f for name, f in self.files.items()})
+
+    def bytes_followed(self) -> int:
+        return sum(f.end for f in self.files.values())
+
+
+class DumpFollower:
+    """Follows the pages images appearing under `directory` from `start()` until `stop()`."""
+
+    def __init__(self, directory: str, params: ChunkerParams = DEFAULT_PARAMS,
+                 level: int = LEVEL, frame_budget: int = FRAME_BUDGET) -> None:
+        self.directory, self.params, self.level = directory, params, level
+        self.frame_budget = frame_budget
+        self.files: dict[str, FollowedFile] = {}
+        self.error: BaseException | None = None
+        self._fds: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: deque[Future[None]] = deque()
+        self._kept = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.followed: Followed | None = None   # once stopped as a context manager
+
+    def __enter__(self) -> DumpFollower:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.followed = self.stop()
+
+    @property
+    def followed_bytes(self) -> int:
+        """Bytes cut so far (read while it runs: a figure, not a promise)."""
+        return sum(f.end for f in list(self.files.values()))
+
+    def start(self) -> DumpFollower:
+        workers = max(1, (os.cpu_count() or 1) - 1)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="torpor-follow",
+                                        initializer=_lower_priority)
+        self._thread = threading.Thread(target=self._run, name="torpor-follow", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Followed:
+        """Stop following; what it made (nothing if it failed), the files named relative to
+        `directory`."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self.error is not None:
+            self.files.clear()
+        return Followed(self.params, self.level, dict(self.files))
+
+    def _run(self) -> None:
+        _lower_priority()
+        try:
+            while not self._stop.is_set():
+                moved = False
+                for name in self._names():
+                    while not self._stop.is_set() and self._advance(name):
+                        moved = True
+                if not moved:
+                    self._stop.wait(POLL_S)
+        except BaseException as e:   # the generation cuts everything itself then
+            self.error = e
+
+    def _names(self) -> list[str]:
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return []
+        return sorted(e.name for e in entries if PAGES_IMAGE.fullmatch(e.name))
+
+    def _advance(self, name: str) -> bool:
+        """Cut and hand out the next window of `name`; whether there was one."""
+        fd = self._fds.get(name)
+        if fd is None:
+            if name in self.files:   # not a regular file: left alone
+                return False
+            try:
+                fd = os.open(os.path.join(self.directory, name),
+                             os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                return False
+            st = os.fstat(fd)
+            self.files[name] = FollowedFile(st.st_ino, st.st_dev)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return False
+            self._fds[name] = fd
+        followed = self.files[name]
+        size = os.fstat(fd).st_size
+        ready = size - size % PAGE - followed.end
+        if ready < min(WINDOW, self.params.max_size + PAGE):
+            return False   # a chunk may still grow past it: wait for more
+        data = os.pread(fd, min(ready, WINDOW), followed.end)
+        data = data[:len(data) - len(data) % PAGE]
+        spans = list(cut(data, self.params, base=followed.end))
+        # the last chunk may go on past the window; a zero run may be split (merged later)
+        final = spans if spans and spans[-1].zero else spans[:-1]
+        if not final:
+            return False
+        for span in final:
+            if not span.zero:
+                self._submit(name, data, span, followed.end)
+        followed.spans.extend(final)
+        followed.end = final[-1].offset + final[-1].length
+        return True
+
+    def _submit(self, name: str, data: bytes, span: Span, base: int) -> None:
+        assert self._pool is not None
+        while len(self._jobs) >= IN_FLIGHT:
+            self._jobs.popleft().result()
+        self._jobs.append(self._pool.submit(self._chunk, self.files[name], data, span, base))
+
+    def _chunk(self, followed: FollowedFile, data: bytes, span: Span, base: int) -> None:
+        view = memoryview(data)[span.offset - base:span.offset - base + span.length]
+        try:
+            digest = "sha256:" + hashlib.sha256(view).hexdigest()
+            frame: bytes | None = None
+            if self._kept < self.frame_budget:
+                if not hasattr(self._local, "zstd"):
+                    self._local.zstd = compressor(self.level)
+                frame = encode(self._local.zstd, view)
+                if frame is None:
+                    frame = RAW
+                else:
+                    with self._lock:
+                        self._kept += len(frame)
+            followed.chunks[span.offset] = (span.length, digest, frame)
+        finally:
+            view.release()
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError):   # nice is per thread on Linux
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
