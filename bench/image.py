@@ -189,9 +189,12 @@ def main() -> int:
                     compressed, raw = result["compressed_bytes"], du(ck)
                     sent = result["pushed"]["bytes_uploaded"] / 2**20
                     print(f"round {i}: torpor to registry {elapsed_t:.2f}s (checkpoint "
-                          f"{result['timings']['checkpoint_s']:.2f}s, build and upload "
+                          f"{result['timings']['checkpoint_s']:.2f}s of which the dump "
+                          f"{result['timings'].get('dump_s', 0):.2f}s, build and upload "
                           f"{result['timings']['build_s']:.2f}s, manifests "
-                          f"{result['timings']['push_s']:.2f}s; {sent:.0f} MiB sent), runc "
+                          f"{result['timings']['push_s']:.2f}s; {sent:.0f} MiB sent, "
+                          f"{result.get('followed_bytes', 0) / 2**20:.0f} MiB cut during the "
+                          f"dump), runc "
                           f"checkpoint {elapsed_r:.2f}s, the registry taking runc's images "
                           f"{ingested:.2f}s; pull and restore {pulled:.2f}s, runc restore "
                           f"{restored:.2f}s (torpor: pull {steps.get('pull_s', 0):.2f}s, unpack "
