@@ -23,12 +23,12 @@ MIB = 1 << 20
 
 
 def image_bytes(seed: int) -> bytes:
-    """~11 MiB: random pages, text, a zero run longer than the follower's window in the test,
+    """~7 MiB: random pages, text, a zero run longer than the follower's window in the test,
     isolated zero pages, and a partial last page."""
     rnd = random.Random(seed)
-    text = b"".join(b"key-%d=value-%d;" % (i, i * 7) for i in range(120_000))
-    parts = [rnd.randbytes(3 * MIB), text[:2 * MIB], bytes(3 * MIB)]
-    for _ in range(32):
+    text = b"".join(b"key-%d=value-%d;" % (i, i * 7) for i in range(60_000))
+    parts = [rnd.randbytes(2 * MIB), text[:MIB], bytes(2 * MIB)]
+    for _ in range(16):
         parts += [rnd.randbytes(5 * PAGE), bytes(PAGE)]
     parts += [rnd.randbytes(2 * MIB), b"tail" * 300]
     return b"".join(parts)
@@ -87,20 +87,22 @@ def assert_same(a: WrittenGeneration, b: WrittenGeneration, packs_a: Path, packs
 
 @pytest.fixture(autouse=True)
 def small_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A window of 1 MiB, so that the zero run spans several and chunks straddle many."""
+    """A window of 1 MiB, so that the zero run spans several and chunks straddle many; a guard
+    of 256 KiB."""
     monkeypatch.setattr(follow, "WINDOW", MIB)
+    monkeypatch.setattr(follow, "GUARD", 256 << 10)
 
 
 def test_a_generation_from_a_followed_dump_is_the_one_written_without(tmp_path: Path) -> None:
     followed = dump_followed(tmp_path, FILES)
     assert set(followed.files) == {"pages-1.img", "pages-2.img", "pages-3.img"}
-    # past the zero run longer than a window, to within a chunk or so of the end
-    assert followed.files["pages-1.img"].end > len(FILES["pages-1.img"]) - MIB
+    # past the zero run longer than a window, to within its guard and a chunk of the end
+    assert followed.files["pages-1.img"].end > len(FILES["pages-1.img"]) - follow.GUARD - MIB
     with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
     without = generation(tmp_path, tmp_path / "packs-b")
     assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
     # most of the pages were cut and hashed during the "dump"
-    assert with_follower.stats.followed_bytes > 6 * MIB
+    assert with_follower.stats.followed_bytes > 5 * MIB
     assert without.stats.followed_bytes == 0
 
 
@@ -131,7 +133,7 @@ def test_frames_not_kept_or_of_another_level_are_made_again(tmp_path: Path,
     with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
     without = generation(tmp_path, tmp_path / "packs-b")
     assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
-    assert with_follower.stats.followed_bytes > 6 * MIB
+    assert with_follower.stats.followed_bytes > 5 * MIB
 
 
 def test_a_follower_that_failed_leaves_nothing_to_take(tmp_path: Path,
@@ -172,19 +174,110 @@ def test_spans_resumed_anywhere_are_the_whole_files_spans(tmp_path: Path) -> Non
 
 
 def test_its_threads_run_below_the_dump(tmp_path: Path) -> None:
-    """nice NICE on the follower's own threads, the caller's left as it was."""
+    """NICE below the caller on the follower's own threads, the caller's left as it was."""
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: list[int] = []
-    real = follow.DumpFollower._names
-
-    def names(self: DumpFollower) -> list[str]:
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return real(self)
     follower = DumpFollower(str(tmp_path))
-    follower._names = names.__get__(follower)  # type: ignore[method-assign]
+    real = follower._open_new
+
+    def open_new(now: float) -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        real(now)
+    follower._open_new = open_new  # type: ignore[method-assign]
     with follower:
         deadline = time.monotonic() + 5
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
     assert seen and seen[0] == min(19, before + follow.NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
+def test_files_growing_at_once_and_many_files_few_descriptors(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two pages images growing together, then six more one after the other: at most MAX_OPEN
+    descriptors at once (a file done growing is closed), and the same generation."""
+    monkeypatch.setattr(follow, "MAX_OPEN", 3)
+    monkeypatch.setattr(follow, "IDLE_S", 0.05)
+    criu = tmp_path / "criu"
+    criu.mkdir()
+    files = {f"pages-{n}.img": random.Random(n).randbytes(MIB + n * PAGE) for n in range(8)}
+    held: list[int] = []
+
+    def ours() -> int:
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(str(criu))
+                   for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+    with DumpFollower(str(criu)) as follower:
+        both = [threading.Thread(target=append_slowly, args=(criu / n, files[n], i))
+                for i, n in enumerate(("pages-0.img", "pages-1.img"))]
+        for t in both:
+            t.start()
+        for t in both:
+            t.join()
+        for n in range(2, 8):
+            append_slowly(criu / f"pages-{n}.img", files[f"pages-{n}.img"], n)
+            held.append(ours())
+        deadline, last = time.monotonic() + 10, -1
+        while time.monotonic() < deadline and not (
+                len(follower.files) == 8 and follower.followed_bytes == last):
+            last = follower.followed_bytes
+            held.append(ours())
+            time.sleep(0.05)
+    assert follower.followed is not None
+    assert max(held) <= 3 and ours() == 0
+    assert len(follower.followed.files) == 8
+    with_follower = generation(tmp_path, tmp_path / "packs-a", follower.followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    assert with_follower.stats.followed_bytes > 2 * MIB
+
+
+@pytest.mark.parametrize("change", ["appended", "rewritten", "truncated"])
+def test_a_file_changed_after_the_follower_stopped_is_cut_whole(tmp_path: Path,
+                                                               change: str) -> None:
+    """Its size or mtime is not what it was when the follower stopped: nothing of it used."""
+    followed = dump_followed(tmp_path, {"pages-1.img": FILES["pages-1.img"]})
+    path = tmp_path / "criu" / "pages-1.img"
+    time.sleep(0.02)   # the next mtime tick
+    if change == "appended":
+        with open(path, "ab") as f:
+            f.write(b"more" * 1024)
+    elif change == "rewritten":   # the same inode and size, other bytes
+        other = bytearray(FILES["pages-1.img"])
+        other[:PAGE] = bytes(range(256)) * 16
+        with open(path, "r+b") as f:
+            f.write(other)
+    else:
+        os.truncate(path, 2 * MIB)
+    with_follower = generation(tmp_path, tmp_path / "packs-a", followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    assert with_follower.stats.followed_bytes == 0
+
+
+def test_a_file_that_shrinks_while_followed_is_cut_whole(tmp_path: Path) -> None:
+    criu = tmp_path / "criu"
+    criu.mkdir()
+    path = criu / "pages-1.img"
+    with DumpFollower(str(criu)) as follower:
+        append_slowly(path, FILES["pages-1.img"][:3 * MIB], 1)
+        deadline = time.monotonic() + 10
+        while follower.followed_bytes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.truncate(path, MIB)
+        time.sleep(0.1)
+        with open(path, "ab") as f:
+            f.write(random.Random(9).randbytes(3 * MIB))
+        time.sleep(0.1)
+    assert follower.followed is not None and follower.followed.files["pages-1.img"].broken
+    with_follower = generation(tmp_path, tmp_path / "packs-a", follower.followed)
+    without = generation(tmp_path, tmp_path / "packs-b")
+    assert_same(with_follower, without, tmp_path / "packs-a", tmp_path / "packs-b")
+    assert with_follower.stats.followed_bytes == 0
+
+
+def test_a_chunk_is_taken_only_at_its_offset_and_length() -> None:
+    followed = follow.FollowedFile(1, 1)
+    followed.chunks[0] = (PAGE * 8, bytes(32), follow.RAW)
+    assert followed.chunk(follow.Span(0, PAGE * 8)) == ("sha256:" + "00" * 32, follow.RAW)
+    assert followed.chunk(follow.Span(0, PAGE * 9)) is None
+    assert followed.chunk(follow.Span(PAGE, PAGE * 8)) is None

@@ -15,8 +15,11 @@ at nice NICE, each: CRIU, which holds the workload frozen, keeps the CPU it need
 length) and cuts, hashes and encodes only what the follower had not reached. Nothing here
 decides what a checkpoint holds: a generation written with a follower is byte for byte the one
 written without (tests/unit/test_follow.py), and a follower that is late, stopped or failed
-leaves less done, never something else. A file it cannot vouch for (another inode than the one
-it read, other chunker parameters) is cut again whole.
+leaves less done, never something else. A file it cannot vouch for is cut again whole: one
+that shrank while followed (CRIU never does that), one that is not, when the generation opens
+it, the inode of the same size and mtime as when the follower stopped (after the dump), or one
+cut with other chunker parameters (a previous generation's). It stays GUARD bytes behind the
+end CRIU is writing, so as not to lean on how the kernel orders a growing file's size and data.
 
 What it keeps: each chunk's digest, and its zstd frame when zstd shrinks it, up to
 FRAME_BUDGET bytes of frames; beyond that a frame is made again when the pack is written. A
@@ -31,6 +34,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections import deque
 from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,10 +43,13 @@ from dataclasses import dataclass, field
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut, resumed
 from torpor.image.packfile import LEVEL, compressor, encode
 
-NICE = 10                 # the follower's threads: below CRIU, which holds the workload frozen
-WINDOW = 16 << 20         # bytes read and cut at once
+NICE = 10                 # the follower's threads: this much below the caller, and CRIU
+WINDOW = 16 << 20         # bytes read and cut at once (at least two of the largest chunks)
+GUARD = 1 << 20           # bytes right behind the end CRIU is writing: left for the next look
 FRAME_BUDGET = 256 << 20  # zstd frames kept for the pack writer; past it, only digests
 POLL_S = 0.01
+MAX_OPEN = 16             # pages images followed at once (a container may dump thousands)
+IDLE_S = 0.25             # one that has not grown for this long is done: closed, not read again
 IN_FLIGHT = 64            # chunks waiting for a worker, at most
 PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
 RAW = b""                 # a chunk stored raw (packs.RAW)
@@ -51,20 +58,25 @@ RAW = b""                 # a chunk stored raw (packs.RAW)
 @dataclass
 class FollowedFile:
     """What the follower made of one pages image: its spans over [0, end) and, by offset, each
-    chunk's (length, digest, frame: bytes, RAW, or None for one to encode again)."""
+    chunk's (length, sha256, frame: bytes, RAW, or None for one to encode again); `final`, the
+    file's (size, mtime) when the follower stopped, once the dump was over."""
 
     ino: int
     dev: int
     spans: list[Span] = field(default_factory=list)
     end: int = 0
-    chunks: dict[int, tuple[int, str, bytes | None]] = field(default_factory=dict)
+    chunks: dict[int, tuple[int, bytes, bytes | None]] = field(default_factory=dict)
+    final: tuple[int, int] | None = None
+    broken: bool = False      # it shrank while followed: nothing of it is used
 
     def spans_of(self, mapped: MappedFile,
                  params: ChunkerParams) -> Generator[Span, None, None] | None:
-        """The whole file's spans, the followed ones first; None if `mapped` is not the file
-        this followed (another inode, or shorter than what was read)."""
+        """The whole file's spans, the followed ones first; None unless `mapped` is the file
+        this followed, as it was when the follower stopped (inode, size and mtime)."""
         st = os.fstat(mapped.fd)
-        if (st.st_ino, st.st_dev) != (self.ino, self.dev) or self.end > mapped.size:
+        if self.broken or self.final is None or self.end > mapped.size or \
+                (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns) != (self.ino, self.dev,
+                                                                      *self.final):
             return None
         return resumed(mapped, self.spans, self.end, params)
 
@@ -73,7 +85,7 @@ class FollowedFile:
         found = self.chunks.get(span.offset)
         if found is None or found[0] != span.length:
             return None
-        return found[1], found[2]
+        return "sha256:" + found[1].hex(), found[2]
 
 
 @dataclass(frozen=True)
@@ -95,15 +107,19 @@ class Followed:
 
 
 class DumpFollower:
-    """Follows the pages images appearing under `directory` from `start()` until `stop()`."""
+    """Follows the pages images appearing under `directory` from `start()` until `stop()`,
+    which is to come once the dump is over. The follower's thread owns its descriptors: at
+    most MAX_OPEN, each closed once its file stops growing, all closed when it ends."""
 
     def __init__(self, directory: str, params: ChunkerParams = DEFAULT_PARAMS,
                  level: int = LEVEL, frame_budget: int = FRAME_BUDGET) -> None:
         self.directory, self.params, self.level = directory, params, level
         self.frame_budget = frame_budget
+        self.window = max(WINDOW, 2 * (params.max_size + PAGE))
         self.files: dict[str, FollowedFile] = {}
         self.error: BaseException | None = None
-        self._fds: dict[str, int] = {}
+        self.followed: Followed | None = None   # once stopped as a context manager
+        self._open: dict[str, tuple[int, float, int]] = {}   # name -> fd, grew last at, size
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -111,7 +127,6 @@ class DumpFollower:
         self._kept = 0
         self._lock = threading.Lock()
         self._local = threading.local()
-        self.followed: Followed | None = None   # once stopped as a context manager
 
     def __enter__(self) -> DumpFollower:
         return self.start()
@@ -134,62 +149,92 @@ class DumpFollower:
 
     def stop(self) -> Followed:
         """Stop following; what it made (nothing if it failed), the files named relative to
-        `directory`."""
+        `directory`, each with its size and mtime now, which the generation checks."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        try:
+            if self._thread is not None:
+                self._thread.join()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
         if self.error is not None:
             self.files.clear()
+        for name, followed in self.files.items():
+            try:
+                st = os.stat(os.path.join(self.directory, name), follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_ino, st.st_dev) == (followed.ino, followed.dev):
+                followed.final = (st.st_size, st.st_mtime_ns)
         return Followed(self.params, self.level, dict(self.files))
 
     def _run(self) -> None:
         _lower_priority()
         try:
             while not self._stop.is_set():
+                now = time.monotonic()
+                self._open_new(now)
                 moved = False
-                for name in self._names():
-                    while not self._stop.is_set() and self._advance(name):
+                for name in list(self._open):
+                    while not self._stop.is_set() and self._advance(name, now):
                         moved = True
+                self._close_idle(now)
                 if not moved:
                     self._stop.wait(POLL_S)
         except BaseException as e:   # the generation cuts everything itself then
             self.error = e
+        finally:
+            for fd, _, _ in self._open.values():
+                os.close(fd)
+            self._open.clear()
 
-    def _names(self) -> list[str]:
+    def _open_new(self, now: float) -> None:
+        """Open the pages images not seen before, up to MAX_OPEN at once (the directory is
+        listed each POLL_S while fewer are open: a dump writes a small process's pages in a
+        few milliseconds)."""
+        if len(self._open) >= MAX_OPEN:
+            return
         try:
-            entries = list(os.scandir(self.directory))
+            names = sorted(e.name for e in os.scandir(self.directory)
+                           if PAGES_IMAGE.fullmatch(e.name) and e.name not in self.files)
         except OSError:
-            return []
-        return sorted(e.name for e in entries if PAGES_IMAGE.fullmatch(e.name))
-
-    def _advance(self, name: str) -> bool:
-        """Cut and hand out the next window of `name`; whether there was one."""
-        fd = self._fds.get(name)
-        if fd is None:
-            if name in self.files:   # not a regular file: left alone
-                return False
+            return
+        for name in names[:MAX_OPEN - len(self._open)]:
             try:
                 fd = os.open(os.path.join(self.directory, name),
                              os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
-                return False
+                continue   # a symlink, or gone: seen again at the next scan
             st = os.fstat(fd)
             self.files[name] = FollowedFile(st.st_ino, st.st_dev)
             if not stat.S_ISREG(st.st_mode):
+                self.files[name].broken = True
                 os.close(fd)
-                return False
-            self._fds[name] = fd
+                continue
+            self._open[name] = (fd, now, st.st_size)
+
+    def _close_idle(self, now: float) -> None:
+        for name, (fd, grew, _) in list(self._open.items()):
+            if now - grew > IDLE_S:
+                os.close(fd)
+                del self._open[name]
+
+    def _advance(self, name: str, now: float) -> bool:
+        """Cut and hand out the next window of `name`; whether there was one."""
+        fd, _, last = self._open[name]
         followed = self.files[name]
         size = os.fstat(fd).st_size
-        ready = size - size % PAGE - followed.end
-        if ready < min(WINDOW, self.params.max_size + PAGE):
+        if size < max(last, followed.end):   # CRIU never does this: trust none of it
+            followed.broken = True
+            os.close(fd)
+            del self._open[name]
+            return False
+        if size != last:
+            self._open[name] = (fd, now, size)
+        ready = size - size % PAGE - GUARD - followed.end
+        if ready < min(self.window, self.params.max_size + PAGE):
             return False   # a chunk may still grow past it: wait for more
-        data = os.pread(fd, min(ready, WINDOW), followed.end)
+        data = os.pread(fd, min(ready, self.window), followed.end)
         data = data[:len(data) - len(data) % PAGE]
         spans = list(cut(data, self.params, base=followed.end))
         # the last chunk may go on past the window; a zero run may be split (merged later)
@@ -198,21 +243,21 @@ class DumpFollower:
             return False
         for span in final:
             if not span.zero:
-                self._submit(name, data, span, followed.end)
+                self._submit(followed, data, span, followed.end)
         followed.spans.extend(final)
         followed.end = final[-1].offset + final[-1].length
         return True
 
-    def _submit(self, name: str, data: bytes, span: Span, base: int) -> None:
+    def _submit(self, followed: FollowedFile, data: bytes, span: Span, base: int) -> None:
         assert self._pool is not None
         while len(self._jobs) >= IN_FLIGHT:
             self._jobs.popleft().result()
-        self._jobs.append(self._pool.submit(self._chunk, self.files[name], data, span, base))
+        self._jobs.append(self._pool.submit(self._chunk, followed, data, span, base))
 
     def _chunk(self, followed: FollowedFile, data: bytes, span: Span, base: int) -> None:
         view = memoryview(data)[span.offset - base:span.offset - base + span.length]
         try:
-            digest = "sha256:" + hashlib.sha256(view).hexdigest()
+            digest = hashlib.sha256(view).digest()
             frame: bytes | None = None
             if self._kept < self.frame_budget:
                 if not hasattr(self._local, "zstd"):
@@ -229,5 +274,7 @@ class DumpFollower:
 
 
 def _lower_priority() -> None:
-    with contextlib.suppress(OSError):   # nice is per thread on Linux
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    """This thread NICE below the one that made it (nice is per thread on Linux)."""
+    me = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + NICE))

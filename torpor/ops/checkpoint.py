@@ -248,6 +248,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
                                   level=cfg.image_zstd_level, previous=basis.previous,
                                   annotations=basis.annotations, followed=followed)
+    follower = followed = None   # its chunks' digests: ~300 MiB per 100 GiB dumped
     sound_indexes.record(Path(cfg.image_store), built.chunk_index)  # a basis for the next one
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
