@@ -197,7 +197,6 @@ def test_files_growing_at_once_and_many_files_few_descriptors(
     """Two pages images growing together, then six more one after the other: at most MAX_OPEN
     descriptors at once (a file done growing is closed), and the same generation."""
     monkeypatch.setattr(follow, "MAX_OPEN", 3)
-    monkeypatch.setattr(follow, "IDLE_S", 0.05)
     criu = tmp_path / "criu"
     criu.mkdir()
     files = {f"pages-{n}.img": random.Random(n).randbytes(MIB + n * PAGE) for n in range(8)}

@@ -50,6 +50,7 @@ FRAME_BUDGET = 256 << 20  # zstd frames kept for the pack writer; past it, only 
 POLL_S = 0.01
 MAX_OPEN = 16             # pages images followed at once (a container may dump thousands)
 IDLE_S = 0.25             # one that has not grown for this long is done: closed, not read again
+BUSY_IDLE_S = 0.05        # ... or this long while other pages images wait for a descriptor
 IN_FLIGHT = 64            # chunks waiting for a worker, at most
 PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
 RAW = b""                 # a chunk stored raw (packs.RAW)
@@ -120,6 +121,7 @@ class DumpFollower:
         self.error: BaseException | None = None
         self.followed: Followed | None = None   # once stopped as a context manager
         self._open: dict[str, tuple[int, float, int]] = {}   # name -> fd, grew last at, size
+        self._waiting = False   # pages images not opened yet, for want of a descriptor
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -192,14 +194,13 @@ class DumpFollower:
         """Open the pages images not seen before, up to MAX_OPEN at once (the directory is
         listed each POLL_S while fewer are open: a dump writes a small process's pages in a
         few milliseconds)."""
-        if len(self._open) >= MAX_OPEN:
-            return
         try:
             names = sorted(e.name for e in os.scandir(self.directory)
                            if PAGES_IMAGE.fullmatch(e.name) and e.name not in self.files)
         except OSError:
             return
-        for name in names[:MAX_OPEN - len(self._open)]:
+        self._waiting = len(names) > MAX_OPEN - len(self._open)
+        for name in names[:max(0, MAX_OPEN - len(self._open))]:
             try:
                 fd = os.open(os.path.join(self.directory, name),
                              os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -214,8 +215,9 @@ class DumpFollower:
             self._open[name] = (fd, now, st.st_size)
 
     def _close_idle(self, now: float) -> None:
+        idle = BUSY_IDLE_S if self._waiting else IDLE_S
         for name, (fd, grew, _) in list(self._open.items()):
-            if now - grew > IDLE_S:
+            if now - grew > idle:
                 os.close(fd)
                 del self._open[name]
 
