@@ -17,6 +17,7 @@ import pytest
 from torpor.image import follow
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, resumed
 from torpor.image.follow import DumpFollower, Followed
+from torpor.image.packfile import RAW
 from torpor.image.packs import WrittenGeneration, write_generation
 
 MIB = 1 << 20
@@ -276,7 +277,7 @@ def test_a_file_that_shrinks_while_followed_is_cut_whole(tmp_path: Path) -> None
 
 def test_a_chunk_is_taken_only_at_its_offset_and_length() -> None:
     followed = follow.FollowedFile(1, 1)
-    followed.chunks[0] = (PAGE * 8, bytes(32), follow.RAW)
-    assert followed.chunk(follow.Span(0, PAGE * 8)) == ("sha256:" + "00" * 32, follow.RAW)
+    followed.chunks[0] = (PAGE * 8, bytes(32), RAW)
+    assert followed.chunk(follow.Span(0, PAGE * 8)) == ("sha256:" + "00" * 32, RAW)
     assert followed.chunk(follow.Span(0, PAGE * 9)) is None
     assert followed.chunk(follow.Span(PAGE, PAGE * 8)) is None

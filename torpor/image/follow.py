@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut, resumed
-from torpor.image.packfile import LEVEL, compressor, encode
+from torpor.image.packfile import LEVEL, FrameEncoder
 
 NICE = 10                 # the follower's threads: this much below the caller, and CRIU
 WINDOW = 16 << 20         # bytes read and cut at once (at least two of the largest chunks)
@@ -53,7 +53,6 @@ IDLE_S = 0.25             # one that has not grown for this long is done: closed
 BUSY_IDLE_S = 0.05        # ... or this long while other pages images wait for a descriptor
 IN_FLIGHT = 64            # chunks waiting for a worker, at most
 PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
-RAW = b""                 # a chunk stored raw (packs.RAW)
 
 
 @dataclass
@@ -128,7 +127,7 @@ class DumpFollower:
         self._jobs: deque[Future[None]] = deque()
         self._kept = 0
         self._lock = threading.Lock()
-        self._local = threading.local()
+        self._encoder = FrameEncoder(level)
 
     def __enter__(self) -> DumpFollower:
         return self.start()
@@ -262,14 +261,9 @@ class DumpFollower:
             digest = hashlib.sha256(view).digest()
             frame: bytes | None = None
             if self._kept < self.frame_budget:
-                if not hasattr(self._local, "zstd"):
-                    self._local.zstd = compressor(self.level)
-                frame = encode(self._local.zstd, view)
-                if frame is None:
-                    frame = RAW
-                else:
-                    with self._lock:
-                        self._kept += len(frame)
+                frame = self._encoder.frame(view)
+                with self._lock:
+                    self._kept += len(frame)
             followed.chunks[span.offset] = (span.length, digest, frame)
         finally:
             view.release()

@@ -37,6 +37,7 @@ LEVEL = 1                    # zstd level: memory pages compress no better at 3 
 SKIPPABLE_MAGIC = 0x184D2A5E
 TRAILER_MAGIC = b"torpack1"
 _TRAILER = struct.Struct("<Q8s")
+RAW = b""                    # FrameEncoder's answer for a chunk stored raw (never a zstd frame)
 RAW_BLOCK = 128 << 10        # zstd's largest block
 RAW_ABOVE = 0.9              # a chunk is stored raw unless zstd makes it at most 0.9 of its size
 SAMPLE = 4096                # bytes of each of the two pieces of the trial (start, middle)
@@ -103,6 +104,22 @@ def encode(zstd: zstandard.ZstdCompressor, data: memoryview) -> bytes | None:
             return None
     frame: bytes = zstd.compress(data)
     return frame if len(frame) <= RAW_ABOVE * n else None
+
+
+class FrameEncoder:
+    """Chunks' frames (`encode`) on any thread, a compressor per thread: a zstd frame, or RAW
+    for a chunk to be stored raw."""
+
+    def __init__(self, level: int = LEVEL) -> None:
+        self.level = level
+        self._local = threading.local()
+
+    def frame(self, data: memoryview) -> bytes:
+        zstd = getattr(self._local, "zstd", None)
+        if zstd is None:
+            zstd = self._local.zstd = compressor(self.level)
+        found = encode(zstd, data)
+        return RAW if found is None else found
 
 
 class PackWriter:

@@ -38,12 +38,11 @@ from dataclasses import dataclass
 from torpor.formats.chunk_index import ChunkIndex, Chunking, ChunkRecord, FileRecord, PackRecord, safe_name
 from torpor.image.chunker import DEFAULT_PARAMS, ChunkerParams, MappedFile, Span
 from torpor.image.follow import Followed
-from torpor.image.packfile import LEVEL, PackWriter, compressor, encode, read_pack_index
+from torpor.image.packfile import LEVEL, RAW, FrameEncoder, PackWriter, read_pack_index
 
 PACK_TARGET = 32 << 20       # the largest average pack (a 2 GiB file and more)
 THREADED_BYTES = 64 << 20    # from this many bytes of files, hashing gets threads of its own
 REPACK_BELOW = 0.5           # chunks of a pack less than half in use are stored again (bench/chunks.py)
-RAW = b""                    # a worker's answer for a chunk to be stored raw (never a zstd frame)
 
 
 @dataclass(frozen=True)
@@ -138,21 +137,14 @@ class _Hasher:
 
     def __init__(self, known: Mapping[str, ChunkLocation], level: int) -> None:
         self.known = known
-        self.level = level
         self.claimed: set[str] = set()
         self.lock = threading.Lock()
-        self.local = threading.local()
+        self.encoder = FrameEncoder(level)
 
     def chunk(self, view: memoryview) -> tuple[str, int, bytes | None]:
         """(digest, length, its frame or RAW, or None when known or encoded by another)."""
         try:
-            digest = "sha256:" + hashlib.sha256(view).hexdigest()
-            if digest in self.known:
-                return digest, len(view), None
-            with self.lock:
-                first = digest not in self.claimed
-                self.claimed.add(digest)
-            return digest, len(view), self.encode(view) if first else None
+            return self._claim(view, "sha256:" + hashlib.sha256(view).hexdigest(), None)
         finally:
             view.release()
 
@@ -160,23 +152,24 @@ class _Hasher:
                  frame: bytes | None) -> tuple[str, int, bytes | None]:
         """As `chunk`, for a chunk the follower hashed: its frame (or RAW) if it made one."""
         try:
-            if digest in self.known:
-                return digest, len(view), None
-            with self.lock:
-                first = digest not in self.claimed
-                self.claimed.add(digest)
-            if not first:
-                return digest, len(view), None
-            return digest, len(view), frame if frame is not None else self.encode(view)
+            return self._claim(view, digest, frame)
         finally:
             view.release()
 
+    def _claim(self, view: memoryview, digest: str,
+               frame: bytes | None) -> tuple[str, int, bytes | None]:
+        if digest in self.known:
+            return digest, len(view), None
+        with self.lock:
+            first = digest not in self.claimed
+            self.claimed.add(digest)
+        if not first:
+            return digest, len(view), None
+        return digest, len(view), frame if frame is not None else self.encode(view)
+
     def encode(self, data: memoryview) -> bytes:
         """The chunk's zstd frame, or RAW."""
-        if not hasattr(self.local, "zstd"):
-            self.local.zstd = compressor(self.level)
-        frame = encode(self.local.zstd, data)
-        return RAW if frame is None else frame
+        return self.encoder.frame(data)
 
 
 class _Generation:
@@ -313,6 +306,8 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
                     ahead = followed.files.get(name) if followed is not None else None
                     resumed = ahead.spans_of(mapped, params) if ahead is not None else None
+                    if resumed is None:   # not the file it followed: nothing of it is taken
+                        ahead = None
                     spans = resumed if resumed is not None else mapped.spans(params)
                     try:
                         for span in spans:
@@ -321,7 +316,7 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                                 zero += span.length
                                 continue
                             extents.append("")
-                            found = ahead.chunk(span) if resumed is not None and ahead is not None else None
+                            found = ahead.chunk(span) if ahead is not None else None
                             if found is None:
                                 job = pool.submit(hasher.chunk, mapped.view(span))
                             else:
