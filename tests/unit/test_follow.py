@@ -203,8 +203,8 @@ def test_files_growing_at_once_and_many_files_few_descriptors(
     files = {f"pages-{n}.img": random.Random(n).randbytes(MIB + n * PAGE) for n in range(8)}
     held: list[int] = []
 
-    def ours() -> int:
-        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(str(criu))
+    def ours() -> int:   # descriptors of files in criu/ (not of criu/ itself, which scandir holds)
+        return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(f"{criu}/")
                    for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
     with DumpFollower(str(criu)) as follower:
         both = [threading.Thread(target=append_slowly, args=(criu / n, files[n], i))
