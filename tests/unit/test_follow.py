@@ -59,14 +59,26 @@ def dump_followed(root: Path, files: dict[str, bytes], **kwargs: object) -> Foll
     with DumpFollower(str(criu), **kwargs) as follower:  # type: ignore[arg-type]
         for n, (name, data) in enumerate(files.items()):
             append_slowly(criu / name, data, n)
-        wanted = {n for n in files if n.startswith("pages-")}
-        deadline, last = time.monotonic() + 30, -1
-        while time.monotonic() < deadline and not (
-                wanted <= set(follower.files) and follower.followed_bytes == last):
-            last = follower.followed_bytes
-            time.sleep(0.03)   # until it has caught up with the writer
+        wait_caught_up(follower, criu)
     assert follower.followed is not None
     return follower.followed
+
+
+def wait_caught_up(follower: DumpFollower, criu: Path, timeout: float = 30) -> None:
+    """Until the follower has cut every pages image as far as it can (no further window fits
+    between its end and GUARD before the file's end), or `timeout`."""
+    def behind() -> bool:
+        for path in criu.glob("pages-*.img"):
+            followed = follower.files.get(path.name)
+            if followed is None:
+                return True
+            ready = path.stat().st_size // PAGE * PAGE - follow.GUARD - followed.end
+            if ready >= min(follower.window, follower.params.max_size + PAGE):
+                return True
+        return False
+    deadline = time.monotonic() + timeout
+    while behind() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def generation(root: Path, packs: Path, followed: Followed | None = None,
@@ -216,12 +228,9 @@ def test_files_growing_at_once_and_many_files_few_descriptors(
         for n in range(2, 8):
             append_slowly(criu / f"pages-{n}.img", files[f"pages-{n}.img"], n)
             held.append(ours())
-        deadline, last = time.monotonic() + 10, -1
-        while time.monotonic() < deadline and not (
-                len(follower.files) == 8 and follower.followed_bytes == last):
-            last = follower.followed_bytes
-            held.append(ours())
-            time.sleep(0.05)
+        held.append(ours())
+        wait_caught_up(follower, criu)
+        held.append(ours())
     assert follower.followed is not None
     assert max(held) <= 3 and ours() == 0
     assert len(follower.followed.files) == 8
