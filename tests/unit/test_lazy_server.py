@@ -109,6 +109,9 @@ def test_pages_at_hand_are_answered_at_once_but_never_before_an_earlier_answer()
     release.set()
     assert answer(client) == (ANSWER, 1, 0x10000, PID, FILE[:PAGE])
     assert answer(client) == (ANSWER, 1, 0x30000, PID, FILE[6 * PAGE:7 * PAGE])
+    # the sender takes an answer off its queue once its send has returned, which may be after
+    # the client has read it: give it that moment, so that nothing is queued
+    time.sleep(0.1)
     client.sendall(HEADER.pack(GET, 2, 0x31000, PID))
     assert answer(client) == (ANSWER, 2, 0x31000, PID, FILE[7 * PAGE:9 * PAGE])
     assert readers[7 * PAGE] is thread and readers[0] is not thread   # at once; by a worker
