@@ -4,6 +4,10 @@ VENV ?= $(or $(TORPOR_VENV),.venv)
 PY := $(VENV)/bin/python
 BUILD := build
 PREFIX ?= /usr/local
+# the fast tests' workers: one per core and one more, since many of them wait on a process they
+# started (the C front end, a fake registry, a deadline) and the extra worker fills those waits
+# (two cores: 8.1-8.6 s against 9.5-9.6 s with one per core)
+UNIT_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: deps demo-deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman bench-fuzz install protos clean
 
@@ -30,14 +34,14 @@ CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py \
 test: deps
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2 --runc 1.3 $(CORE_TESTS)
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2.4 --runc 1.3 $(CORE_TESTS)
 
 # The fast tests: every pure piece, nothing started, under 10 s.
 unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit
 
 lint: venv
 	$(PY) -m ruff check torpor tests bench
