@@ -16,6 +16,7 @@ Needs root and CRIU 4.2+ (`make deps`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support import ecosystem
@@ -41,10 +43,26 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def holding(mib: int) -> Iterator[int]:
+    """A Python process of ours holding `mib` MiB of random bytes, ready to be dumped: its pid.
+    Killed by that pid at the end."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(mib)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert holder.stdout is not None
+        if holder.stdout.readline() != b"ready\n":
+            sys.exit("the process to dump did not start")
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def dump(criu: str, pid: int, directory: Path, follow: bool) -> tuple[float, DumpFollower | None]:
     """CRIU's run (the freeze), with the follower started before it if `follow`."""
     directory.mkdir()
-    os.sync()
     follower = DumpFollower(str(directory)).start() if follow else None
     started = time.perf_counter()
     try:
@@ -77,32 +95,26 @@ def main() -> None:
     if not criu or os.geteuid() != 0:
         sys.exit("bench.follow needs root and CRIU 4.2+ (make deps)")
     base = Path(tempfile.mkdtemp(prefix="torpor-bench-follow-"))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(args.mib)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
     times: dict[str, list[float]] = {k: [] for k in ("dump", "dump_f", "gen", "gen_f")}
     try:
-        assert holder.stdout is not None
-        if holder.stdout.readline() != b"ready\n":
-            sys.exit("the process to dump did not start")
-        for i in range(args.rounds + 1):   # round 0 warms up and is not counted
-            order = (False, True) if i % 2 else (True, False)
-            for follow in order:
-                d = base / f"round-{i}-{'followed' if follow else 'plain'}"
-                dump_s, follower = dump(criu, holder.pid, d, follow)
-                gen_s, gen = generation(d, follower)
-                shutil.rmtree(d)
-                shutil.rmtree(f"{d}-packs")
-                cut = gen.stats.followed_bytes >> 20
-                print(f"round {i} {'followed' if follow else 'plain   '}: dump {dump_s:.2f} s, "
-                      f"generation {gen_s:.2f} s ({cut} MiB of {gen.stats.total_bytes >> 20} "
-                      f"MiB cut during the dump)", flush=True)
-                if i:
-                    times["dump_f" if follow else "dump"].append(dump_s)
-                    times["gen_f" if follow else "gen"].append(gen_s)
+        with holding(args.mib) as pid:
+            for i in range(args.rounds + 1):   # round 0 warms up and is not counted
+                order = (False, True) if i % 2 else (True, False)
+                for follow in order:
+                    d = base / f"round-{i}-{'followed' if follow else 'plain'}"
+                    os.sync()   # the dump pays for no earlier round's writeback
+                    dump_s, follower = dump(criu, pid, d, follow)
+                    gen_s, gen = generation(d, follower)
+                    shutil.rmtree(d)
+                    shutil.rmtree(f"{d}-packs")
+                    cut = gen.stats.followed_bytes >> 20
+                    print(f"round {i} {'followed' if follow else 'plain   '}: dump {dump_s:.2f} s, "
+                          f"generation {gen_s:.2f} s ({cut} MiB of {gen.stats.total_bytes >> 20} "
+                          f"MiB cut during the dump)", flush=True)
+                    if i:
+                        times["dump_f" if follow else "dump"].append(dump_s)
+                        times["gen_f" if follow else "gen"].append(gen_s)
     finally:
-        holder.kill()
-        holder.wait()
         shutil.rmtree(base, ignore_errors=True)
     m = {k: statistics.median(v) for k, v in times.items()}
     total, total_f = m["dump"] + m["gen"], m["dump_f"] + m["gen_f"]

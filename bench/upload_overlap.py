@@ -25,7 +25,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.follow import HOLDER
+from bench.follow import dump, holding
 from bench.image import PARALLEL, Part, raw_parts, upload_part
 from tests.support import ecosystem
 from tests.support.registry import Registry
@@ -59,14 +58,6 @@ def ingest(host: str, repository: str, parts: list[Part], nice: int) -> None:
         list(pool.map(send, parts))
 
 
-def dump(criu: str, pid: int, directory: Path) -> float:
-    directory.mkdir()
-    started = time.perf_counter()
-    subprocess.run([criu, "dump", "-t", str(pid), "-D", str(directory), "--shell-job",
-                    "--leave-running", "-o", "dump.log"], check=True)
-    return time.perf_counter() - started
-
-
 def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
             repository: str, parts: list[Part]) -> tuple[float, float]:
     """(the dump, until dump and upload are both done)."""
@@ -74,7 +65,7 @@ def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
     os.sync()
     started = time.perf_counter()
     if way == "after":
-        dump_s = dump(criu, pid, directory)
+        dump_s, _ = dump(criu, pid, directory, follow=False)
         ingest(registry.host, repository, parts, 0)
         return dump_s, time.perf_counter() - started
     nice = NICE if "nice" in way else 0
@@ -89,13 +80,32 @@ def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
     sender = threading.Thread(target=upload)
     sender.start()
     try:
-        dump_s = dump(criu, pid, directory)
+        dump_s, _ = dump(criu, pid, directory, follow=False)
     finally:
         renice(registry.proc.pid, 0)
         sender.join()
     if failed:
         raise failed[0]
     return dump_s, time.perf_counter() - started
+
+
+def run_ways(rounds: int, criu: str, pid: int, base: Path, registry: Registry,
+             times: dict[str, list[tuple[float, float]]]) -> None:
+    """Every way, `rounds` rounds and a warm-up, the order rotating; into `times`."""
+    dump(criu, pid, base / "sent", follow=False)
+    parts = [p for p in raw_parts(base / "sent") if p[0].name.startswith("pages-")]
+    n = 0
+    for i in range(rounds + 1):   # round 0 warms up and is not counted
+        for way in WAYS[i % 3:] + WAYS[:i % 3]:
+            n += 1
+            directory = base / f"dump-{n}"
+            dump_s, total_s = one_way(way, criu, pid, directory, registry,
+                                      f"bench/overlap{n}", parts)
+            shutil.rmtree(directory)
+            print(f"round {i} upload {way:<15}: dump {dump_s:.2f} s, dump and upload "
+                  f"{total_s:.2f} s", flush=True)
+            if i:
+                times[way].append((dump_s, total_s))
 
 
 def main() -> None:
@@ -108,31 +118,11 @@ def main() -> None:
         sys.exit("bench.upload_overlap needs root, CRIU 4.2+ and docker-registry (make deps)")
     base = Path(tempfile.mkdtemp(prefix="torpor-bench-overlap-"))
     registry = Registry(base / "registries", "overlap").start()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(args.mib)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
     times: dict[str, list[tuple[float, float]]] = {way: [] for way in WAYS}
     try:
-        assert holder.stdout is not None
-        if holder.stdout.readline() != b"ready\n":
-            sys.exit("the process to dump did not start")
-        dump(criu, holder.pid, base / "sent")
-        parts = [p for p in raw_parts(base / "sent") if p[0].name.startswith("pages-")]
-        n = 0
-        for i in range(args.rounds + 1):   # round 0 warms up and is not counted
-            for way in WAYS[i % 3:] + WAYS[:i % 3]:
-                n += 1
-                directory = base / f"dump-{n}"
-                dump_s, total_s = one_way(way, criu, holder.pid, directory, registry,
-                                          f"bench/overlap{n}", parts)
-                shutil.rmtree(directory)
-                print(f"round {i} upload {way:<15}: dump {dump_s:.2f} s, dump and upload "
-                      f"{total_s:.2f} s", flush=True)
-                if i:
-                    times[way].append((dump_s, total_s))
+        with holding(args.mib) as pid:
+            run_ways(args.rounds, criu, pid, base, registry, times)
     finally:
-        holder.kill()
-        holder.wait()
         registry.stop()
         shutil.rmtree(base, ignore_errors=True)
     m = {way: (statistics.median(d for d, _ in v), statistics.median(t for _, t in v))
