@@ -6,8 +6,13 @@ BUILD := build
 PREFIX ?= /usr/local
 # the fast tests' workers: one per core and one more, since many of them wait on a process they
 # started (the C front end, a fake registry, a deadline) and the extra worker fills those waits
-# (two cores: 8.1-8.6 s against 9.5-9.6 s with one per core)
+# (two cores: 8.1-8.6 s against 9.5-9.6 s with one per core); each test file on one worker, so a
+# module's fixture (the compiled front end, a key) is made once, not once per worker
 UNIT_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
+UNIT := $(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadfile tests/unit
+# torpor's bytecode, written once before the workers start: with PYTHONDONTWRITEBYTECODE set, as
+# on CI, each worker would otherwise compile every module it imports, every run
+BYTECODE := $(PY) -c 'from torpor.runtime_config.launchers import precompile; precompile()'
 
 .PHONY: deps demo-deps venv test lint unit demo bench bench-lifecycle bench-checkpoint bench-image bench-registry bench-podman bench-fuzz install protos clean
 
@@ -34,14 +39,16 @@ CORE_TESTS := tests/test_lifecycle.py tests/test_checkpoint_restore.py \
 test: deps
 	$(PY) -m ruff check torpor tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit
+	$(BYTECODE)
+	$(UNIT)
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/unit
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2 --runc 1.3 $(CORE_TESTS)
 	$(PY) -m pytest -q -p no:cacheprovider --containerd 2.4 --runc 1.3 $(CORE_TESTS)
 
 # The fast tests: every pure piece, nothing started, under 10 s.
 unit: venv
-	$(PY) -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) tests/unit
+	@$(BYTECODE)
+	$(UNIT)
 
 lint: venv
 	$(PY) -m ruff check torpor tests bench

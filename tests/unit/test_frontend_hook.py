@@ -63,12 +63,11 @@ def namespace() -> Iterator[int]:
 
 
 def lo_is_up(pid: int) -> bool:
-    flags = subprocess.run(
-        ["nsenter", f"--net=/proc/{pid}/ns/net", "python3", "-c",
-         "import fcntl, socket, struct; s = socket.socket(); "
-         "print(struct.unpack('16sH', fcntl.ioctl(s.fileno(), 0x8913, "
-         "struct.pack('16sH', b'lo', 0)))[1])"], capture_output=True, text=True, check=True)
-    return bool(int(flags.stdout) & 1)
+    shown = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-o", "link", "show",
+                            "lo"], capture_output=True, text=True, check=True).stdout
+    flags = re.search(r"<([^>]*)>", shown)
+    assert flags, shown
+    return "UP" in flags.group(1).split(",")
 
 
 def run_hook(hook: Path, state_dir: Path, state: dict[str, object] | str,
