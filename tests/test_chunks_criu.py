@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from torpor.formats.chunk_index import PackRecord
 from torpor.image import follow
-from torpor.image.packs import known_chunks, write_generation
+from torpor.image.early_packs import EarlyPacker
+from torpor.image.packs import PackSizing, known_chunks, write_generation
 from torpor.image.reassemble import packs_in, rebuild
 
 from .support import ecosystem
@@ -26,8 +28,9 @@ MIB = 1 << 20
 
 HOLDER = """
 import hashlib, os, signal, sys, time
-blob = bytearray(os.urandom(48 << 20))
-blob[16 << 20:32 << 20] = bytes(16 << 20)   # written zeros: CRIU dumps these pages
+size = int(sys.argv[2]) if len(sys.argv) > 2 else 48 << 20
+blob = bytearray(os.urandom(size))
+blob[size // 3:2 * size // 3] = bytes(size // 3)   # written zeros: CRIU dumps these pages
 def report(*_):
     with open(sys.argv[1] + ".tmp", "w") as f:
         f.write(hashlib.sha256(blob).hexdigest())
@@ -73,10 +76,14 @@ def end(pid: int) -> None:
 
 
 @pytest.fixture
-def holder(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+def holder(tmp_path: Path, request: pytest.FixtureRequest
+           ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A process holding 48 MiB (or the test's `holding` mark's bytes): random, a third zeros."""
     report = tmp_path / "report"
+    holding = request.node.get_closest_marker("holding")
+    size = str(holding.args[0]) if holding else str(48 * MIB)
     with open(tmp_path / "holder.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(report)],
+        proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(report), size],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)
     try:
@@ -164,3 +171,38 @@ def test_pages_cut_while_criu_writes_them_give_the_generation_cut_after(
     assert sorted(os.listdir(packs_a)) == sorted(os.listdir(packs_b))
     print(f"followed during the dump: {followed.bytes_followed() >> 20} MiB of "
           f"{with_follower.stats.total_bytes >> 20} MiB")
+
+
+@pytest.mark.holding(384 * MIB)
+def test_pages_packed_while_criu_writes_them_are_the_generations_packs(
+        tmp_path: Path, holder: tuple[subprocess.Popen[bytes], Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EarlyPacker beside the follower during a real `criu dump` (image/early_packs.py),
+    pack sizes scaled down (settled at 8 MiB, not 2 GiB): the packs it closed during the dump
+    are handed out then, and the generation that takes them is the one written without."""
+    monkeypatch.setattr(follow, "WINDOW", MIB)
+    monkeypatch.setattr(follow, "GUARD", 0)
+    sizing = PackSizing(smallest=256 << 10, largest=MIB, per_file=8)
+    directory = tmp_path / "dump"
+    directory.mkdir()
+    handed: list[PackRecord] = []
+    with follow.DumpFollower(str(directory)) as follower:
+        with EarlyPacker(follower, str(tmp_path / "packs-a"), {}, follower.level, sizing,
+                         handed.append) as packer:
+            names = dump(holder[0].pid, directory, "--leave-running", mkdir=False)
+        during = list(handed)
+    assert follower.followed is not None and packer.packed is not None
+    packs_a, packs_b = tmp_path / "packs-a", tmp_path / "packs-b"
+    packs_b.mkdir()
+    try:
+        with_early = write_generation(str(directory), names, str(packs_a), sizing=sizing,
+                                      followed=follower.followed, early=packer.packed.files)
+    finally:
+        packer.packed.abandon()
+    without = write_generation(str(directory), names, str(packs_b), sizing=sizing)
+    assert with_early.index.to_json() == without.index.to_json()
+    assert sorted(p.name for p in packs_b.iterdir()) == \
+        sorted(p.name for p in packs_a.iterdir() if p.is_file())
+    print(f"packed during the dump: {with_early.stats.early_bytes >> 20} MiB of "
+          f"{with_early.stats.total_bytes >> 20} MiB, {len(during)} packs handed out")
+    assert with_early.stats.early_bytes > 0 and during, "nothing packed during the dump"

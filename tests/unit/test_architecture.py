@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "torpor"
 
 GROUND = {"errors", "config", "atomicfile", "durable", "output_path", "fastjson", "reporting",
-          "tally", "handoff", "formats", "archive", "held_dirs", "ahead",
+          "tally", "handoff", "formats", "archive", "held_dirs", "ahead", "nice",
           "__init__"}
 CAPABILITIES = {"containerd", "registry", "image", "capture", "gpu", "node", "runtime_config", "kube",
                 "signing", "criu_images", "lazy"}

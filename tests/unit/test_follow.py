@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from torpor import nice
 from torpor.image import follow
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, resumed
 from torpor.image.follow import DumpFollower, Followed
@@ -201,7 +202,7 @@ def test_its_threads_run_below_the_dump(tmp_path: Path) -> None:
         deadline = time.monotonic() + 5
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert seen and seen[0] == min(19, before + follow.NICE)
+    assert seen and seen[0] == min(19, before + nice.NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 

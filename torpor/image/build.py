@@ -43,6 +43,7 @@ from torpor.formats.oci import Descriptor, OciDocument, distinct_blobs, stored_b
 from torpor.image import directory as checkpoint_dir
 from torpor.image import documents, kube_archive, rw_merge
 from torpor.image import layers as layer_io
+from torpor.image.early_packs import EarlyPacks
 from torpor.image.follow import Followed
 from torpor.image.generations import Previous, link_or_copy, params_of
 from torpor.image.packs import GenerationStats, WrittenGeneration, write_generation
@@ -206,6 +207,22 @@ def _place_pack(layout: Layout, staging: Path, pack: PackRecord) -> None:
         os.replace(staged, layout.blob_path(pack.digest))
 
 
+def early_sender(pack_dir: str, on_blob: BlobSink) -> Callable[[PackRecord], None]:
+    """For an EarlyPacker packing into `pack_dir` before build() runs: each whole pack to
+    `on_blob` through a link of its own (<pack_dir>/sent/), so that build() can move the pack
+    into the layout while it still goes up."""
+    sent = os.path.join(pack_dir, "sent")
+
+    def send(pack: PackRecord) -> None:
+        name = pack.digest.split(":", 1)[1]
+        os.makedirs(sent, mode=0o700, exist_ok=True)
+        link = os.path.join(sent, name)
+        if not os.path.exists(link):
+            os.link(os.path.join(pack_dir, name), link)
+        on_blob(Path(link), _pack_layer(pack), True)
+    return send
+
+
 def _pack_layer(pack: PackRecord) -> Descriptor:
     return Descriptor(mt.PACK, pack.digest, pack.size,
                       {"mediaType": mt.PACK, "digest": pack.digest, "size": pack.size})
@@ -215,13 +232,14 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
           level: int = 1, workers: int = 0, progress: Progress | None = None,
           on_blob: BlobSink | None = None, previous: Previous | None = None,
           annotations: dict[str, str] | None = None,
-          followed: Followed | None = None) -> BuiltImage:
+          followed: Followed | None = None, packed: EarlyPacks | None = None) -> BuiltImage:
     """Build the image into `layout_dir`; `on_blob(path, descriptor, written_here)` hears of
     each layer as soon as it is written (from a worker thread), to upload it early;
     `written_here` says its digest was computed here from the bytes written (false for the
     previous generation's packs this one uses). CRIU's images are stored as chunks, only those
     the `previous` generation does not hold being written again; `annotations` go on the state
-    manifest; `followed`: CRIU's pages images as a DumpFollower cut them during the dump."""
+    manifest; `followed`: CRIU's pages images as a DumpFollower cut them during the dump;
+    `packed`: what an EarlyPacker packed of them meanwhile (its packs sent by `early_sender`)."""
     started = time.monotonic()
     moving = threading.Lock()
 
@@ -250,8 +268,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
         state += [p for p in files if p == names.CRIU_DUMP_LOG]
 
         # CRIU's images: chunks in packs, then the chunk index
-        pack_staging = staging / "packs"
-        pack_staging.mkdir(mode=0o700)
+        pack_staging = Path(packed.pack_dir) if packed is not None else staging / "packs"
+        pack_staging.mkdir(mode=0o700, exist_ok=packed is not None)
         sent: set[str] = set()
 
         def pack_done(pack: PackRecord) -> None:  # into the layout and up, while more are cut
@@ -262,10 +280,11 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             on_blob(layout.blob_path(pack.digest), _pack_layer(pack), True)
 
         generation = write_generation(
-            directory, criu, str(pack_staging), known=previous.known() if previous else None,
+            directory, criu, str(pack_staging), known=previous.known if previous else None,
             params=params_of(previous.chunks if previous else None), workers=workers,
             on_pack=pack_done if on_blob is not None else None,
-            followed=followed.under(criu_dir) if followed is not None else None)
+            followed=followed.under(criu_dir) if followed is not None else None,
+            early=packed.under(criu_dir) if packed is not None else None)
         if progress:
             progress(generation.stats.total_bytes)
         pack_layers = _place_packs(layout, generation, pack_staging, previous)
@@ -360,6 +379,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             shutil.rmtree(layout_dir, ignore_errors=True)
         raise
     finally:
+        if packed is not None:
+            packed.abandon()
         shutil.rmtree(staging, ignore_errors=True)
     return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
                       own_bytes, time.monotonic() - started, new_bytes, generation.stats,

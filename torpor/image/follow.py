@@ -9,7 +9,7 @@ pipe to the end of the file), so the bytes below a pages image's size are final.
 `DumpFollower` reads each pages image behind CRIU as it grows (pread: a file cut short under
 it is a short read, not a SIGBUS), cuts what it has read exactly as `chunker.cut` cuts the
 whole file (chunker.resumed), and hashes and encodes each chunk on a worker. Its threads run
-at nice NICE, each: CRIU, which holds the workload frozen, keeps the CPU it needs.
+at nice.NICE, each: CRIU, which holds the workload frozen, keeps the CPU it needs.
 
 `write_generation` then takes the chunks it finds here (`FollowedFile.chunk`: by offset and
 length) and cuts, hashes and encodes only what the follower had not reached. Nothing here
@@ -28,7 +28,6 @@ chunk stored raw (random memory) costs nothing to remember.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -42,8 +41,8 @@ from dataclasses import dataclass, field
 
 from torpor.image.chunker import DEFAULT_PARAMS, PAGE, ChunkerParams, MappedFile, Span, cut, resumed
 from torpor.image.packfile import LEVEL, FrameEncoder
+from torpor.nice import lower_priority
 
-NICE = 10                 # the follower's threads: this much below the caller, and CRIU
 WINDOW = 16 << 20         # bytes read and cut at once (at least two of the largest chunks)
 GUARD = 1 << 20           # bytes right behind the end CRIU is writing: left for the next look
 FRAME_BUDGET = 256 << 20  # zstd frames kept for the pack writer; past it, only digests
@@ -143,7 +142,7 @@ class DumpFollower:
     def start(self) -> DumpFollower:
         workers = max(1, (os.cpu_count() or 1) - 1)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="torpor-follow",
-                                        initializer=_lower_priority)
+                                        initializer=lower_priority)
         self._thread = threading.Thread(target=self._run, name="torpor-follow", daemon=True)
         self._thread.start()
         return self
@@ -170,7 +169,7 @@ class DumpFollower:
         return Followed(self.params, self.level, dict(self.files))
 
     def _run(self) -> None:
-        _lower_priority()
+        lower_priority()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
@@ -267,10 +266,3 @@ class DumpFollower:
             followed.chunks[span.offset] = (span.length, digest, frame)
         finally:
             view.release()
-
-
-def _lower_priority() -> None:
-    """This thread NICE below the one that made it (nice is per thread on Linux)."""
-    me = threading.get_native_id()
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + NICE))

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from torpor.errors import ImageError
@@ -64,8 +65,10 @@ class Previous:
     blobs: frozenset[str]     # every blob of its image: what a new one need not send again
     held: dict[str, Path] = field(default_factory=dict)   # its layers, linked in the holding dir
 
+    @cached_property
     def known(self) -> dict[str, ChunkLocation]:
-        """Its chunks that a new generation refers to instead of storing (packs.py)."""
+        """Its chunks that a new generation refers to instead of storing (packs.py); one
+        mapping, whoever asks (an EarlyPacker's packs are taken where it had the same)."""
         return {d: loc for d, loc in known_chunks(self.chunks).items() if loc.pack in self.packs}
 
 
@@ -197,7 +200,7 @@ def _hold(store: Store, candidate: StoredImage, hold: Path, may_verify: bool) ->
     previous = Previous(candidate.ref, candidate.index_digest, chunks, packs, frozenset(blobs),
                         held)
     if not sound:
-        if not sound_indexes.verify(chunks, packs, previous.known().keys()):
+        if not sound_indexes.verify(chunks, packs, previous.known.keys()):
             return None
         sound_indexes.record(store.root, layer.digest)
     return previous

@@ -74,6 +74,12 @@ class PackSizing:
         avg = min(self.largest, max(self.smallest, avg))
         return PackSizes(avg // 4, avg, 4 * avg)
 
+    @property
+    def settled(self) -> int:
+        """From this file size on, the sizes are the largest: a file still growing past it
+        packs as it will once whole (2 GiB by default)."""
+        return self.largest * self.per_file
+
 
 DEFAULT_SIZING = PackSizing()
 
@@ -100,6 +106,7 @@ class GenerationStats:
     new_pack_bytes: int    # bytes of the new packs (what must be sent)
     seconds: float
     followed_bytes: int = 0   # of chunks cut and hashed while CRIU wrote them (follow.py)
+    early_bytes: int = 0      # of files packed while CRIU wrote them (EarlyFile)
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,51 @@ class _Generation:
                                       and self.sizes.ends_pack(digest, length)):
             self.close_pack()
 
+    def begin_file_from(self, early: EarlyFile, size: int) -> int:
+        """Begin the next file, of `size` bytes, with what `early` packed of it, as if placed
+        here, and return the offset the file goes on from: all of it, where placing it here
+        gives the same (the same pack directory, `known`, sizes and level, none of its new
+        chunks placed already, by an earlier file); else its packs closed before the first
+        chunk an earlier file holds (0: nothing taken)."""
+        self.begin_file(size)
+        same_known = early.known is self.known or not (early.known or self.known)
+        if (early.gen.pack_dir != self.pack_dir or not same_known
+                or early.gen.sizes != self.sizing.of(size) or size < early.gen.sizing.settled
+                or early.gen.sizing != self.sizing):
+            return 0
+        first = next((n for n, digest in enumerate(early.new) if digest in self.placed), -1)
+        whole = first < 0
+        if whole:
+            mark = _Mark(early.end, len(early.new), early.gen.new_bytes, early.gen.new_chunks)
+            packs = len(early.gen.new_packs)
+        else:
+            packs = sum(1 for m in early.marks if m.new <= first)
+            if not packs:
+                return 0
+            mark = early.marks[packs - 1]
+        left = set(early.new[mark.new:])   # placed in packs not taken
+        old = {slot: pack for pack, slot in early.gen.slot_of.items()}
+        slots = []
+        for slot, record in enumerate(early.gen.slots):
+            if slot in old:   # a previous generation's pack
+                if old[slot] not in self.slot_of:
+                    self.slot_of[old[slot]] = len(self.slots)
+                    self.slots.append(record)
+                slots.append(self.slot_of[old[slot]])
+            else:   # (one not taken is never referred to: none of its chunks are placed)
+                slots.append(len(self.slots))
+                self.slots.append(record)
+        for digest, (slot, offset, length, plain) in early.gen.placed.items():
+            if digest not in left:
+                self.placed.setdefault(digest, (slots[slot], offset, length, plain))
+        if whole and early.gen.writer is not None:
+            self.writer, self.writer_slot = early.gen.writer, slots[early.gen.writer_slot]
+            early.gen.writer = None
+        self.new_packs.extend(early.gen.new_packs[:packs])
+        self.new_bytes += mark.new_bytes
+        self.new_chunks += mark.new_chunks
+        return mark.end
+
     def begin_file(self, size: int) -> None:
         """A file of `size` bytes comes next: one with packs of its own closes the open pack
         (and the next file closes its last)."""
@@ -265,19 +317,78 @@ class _Generation:
         return ChunkIndex(chunking, tuple(packs), tuple(chunks), tuple(records))
 
 
+@dataclass(frozen=True)
+class _Mark:
+    """Where an EarlyFile stood when one of its packs closed: the file's offset, how many new
+    chunks it had placed, their plain bytes."""
+
+    end: int
+    new: int
+    new_bytes: int
+    new_chunks: int
+
+
+class EarlyFile:
+    """A big file's chunks packed from its start before write_generation reaches it: while
+    CRIU still writes it, beside the DumpFollower (early_packs.py), so that its packs can be
+    sent before the dump is over. Once the file has passed `sizing.settled` its pack sizes are
+    final, so its chunks are placed here as write_generation would place them, in packs of its
+    own; write_generation takes them (`_Generation.begin_file_from`): all of them where no
+    earlier file holds any of its new chunks, else those closed before the first it holds,
+    and packs the rest of the file itself (the packs not taken are left unused). Either way
+    the generation is the one written without."""
+
+    def __init__(self, pack_dir: str, known: Mapping[str, ChunkLocation], sizing: PackSizing,
+                 level: int, on_pack: Callable[[PackRecord], None] | None = None) -> None:
+        self.known, self.level = known, level
+        self.gen = _Generation(pack_dir, known, sizing, on_pack)
+        self.gen.begin_file(sizing.settled)
+        self.hasher = _Hasher(known, level)
+        self.end = 0                  # the file's bytes placed so far, from its start
+        self.new: list[str] = []      # the chunks placed as new (not `known`)
+        self.marks: list[_Mark] = []  # one per closed pack
+
+    def place(self, span: Span, digest: str, frame: bytes | None, data: memoryview) -> None:
+        """The next span of the file: a chunk, with its frame (RAW, or None to encode) and its
+        bytes (needed for RAW or None), or a zero run (nothing stored)."""
+        self.end = span.offset + span.length
+        if not span.zero:
+            before = self.gen.new_chunks
+            self.gen.place(digest, span.length, frame, self.hasher, data)
+            if self.gen.new_chunks != before:
+                self.new.append(digest)
+            if len(self.gen.new_packs) != len(self.marks):
+                self.marks.append(_Mark(self.end, len(self.new), self.gen.new_bytes,
+                                        self.gen.new_chunks))
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of its packs closed so far."""
+        return sum(p.size for p in self.gen.new_packs)
+
+    def abandon(self) -> None:
+        """Its open pack's temporary file removed (closed packs stay, named by content)."""
+        if self.gen.writer is not None:
+            self.gen.writer.abandon()
+            self.gen.writer = None
+
+
 def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                      known: Mapping[str, ChunkLocation] | None = None,
                      params: ChunkerParams = DEFAULT_PARAMS, level: int = LEVEL,
                      sizing: PackSizing = DEFAULT_SIZING, workers: int = 0,
                      on_pack: Callable[[PackRecord], None] | None = None,
-                     followed: Followed | None = None) -> WrittenGeneration:
+                     followed: Followed | None = None,
+                     early: Mapping[str, EarlyFile] | None = None) -> WrittenGeneration:
     """Chunk the files `names` (relative to `root`) into new packs under `pack_dir`, storing
     only chunks that are not `known`; returns the generation's index, its new packs, figures.
     `sizing` says how big packs are (PackSizing).
     `on_pack` hears of each new pack as soon as it is whole (<pack_dir>/<hex of its digest>),
     so that it can be uploaded while the next ones are cut.
     `followed`: the chunks a DumpFollower cut and hashed as CRIU wrote (follow.py), taken
-    instead of cutting and hashing them again; the result is the same without it."""
+    instead of cutting and hashing them again; `early`, by name, what was packed of big files
+    during the dump (EarlyFile), taken where it is what packing them here gives, with the
+    follower's chunks for them. The result is the same without either."""
     started = time.monotonic()
     known = known or {}
     workers = workers or os.cpu_count() or 1
@@ -289,7 +400,7 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     hashing = ThreadPoolExecutor(1, thread_name_prefix="torpor-pack-hash") if big else None
     gen = _Generation(pack_dir, known, sizing, on_pack, hashing)
     files: list[tuple[str, int, list[str | int]]] = []
-    total = zero = from_follower = 0
+    total = zero = from_follower = early_bytes = 0
     if followed is not None and followed.params != params:
         followed = None   # cut otherwise: its chunks are not this generation's
     frames = followed is not None and followed.level == level
@@ -301,19 +412,33 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
                 threads.enter_context(hashing)
             for name in ordered:
                 with MappedFile(os.path.join(root, name)) as mapped:
-                    gen.begin_file(mapped.size)
                     extents: list[str | int] = []
                     queue: deque[tuple[Future[tuple[str, int, bytes | None]], int, int]] = deque()
                     ahead = followed.files.get(name) if followed is not None else None
                     resumed = ahead.spans_of(mapped, params) if ahead is not None else None
                     if resumed is None:   # not the file it followed: nothing of it is taken
                         ahead = None
+                    packed = early.get(name) if early is not None and ahead is not None else None
+                    if packed is not None and packed.level == level:
+                        packed_end = gen.begin_file_from(packed, mapped.size)
+                        hasher.claimed.update(d for d in packed.new if d in gen.placed)
+                        early_bytes += packed_end
+                    else:
+                        packed_end = 0
+                        gen.begin_file(mapped.size)
                     spans = resumed if resumed is not None else mapped.spans(params)
                     try:
                         for span in spans:
                             if span.zero:
                                 extents.append(-span.length)
                                 zero += span.length
+                                continue
+                            if span.offset < packed_end:   # placed by the early packer
+                                assert ahead is not None
+                                found = ahead.chunk(span)
+                                assert found is not None, (name, span)
+                                extents.append(found[0])
+                                from_follower += span.length
                                 continue
                             extents.append("")
                             found = ahead.chunk(span) if ahead is not None else None
@@ -343,7 +468,7 @@ def write_generation(root: str, names: Iterable[str], pack_dir: str, *,
     index = gen.index(chunking, files)
     stats = GenerationStats(len(files), total, zero, len(index.chunks), gen.new_chunks,
                             gen.new_bytes, sum(p.size for p in gen.new_packs),
-                            time.monotonic() - started, from_follower)
+                            time.monotonic() - started, from_follower, early_bytes)
     return WrittenGeneration(index, tuple(gen.new_packs), stats)
 
 

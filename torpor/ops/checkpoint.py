@@ -35,8 +35,12 @@ removes what was written. Steps, in order:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +115,7 @@ class CheckpointResult:
     new_bytes: int = 0                # blobs the previous generation did not have
     previous: str | None = None       # the local image it was built on
     followed_bytes: int = 0           # of CRIU's pages cut and hashed while the dump ran
+    early_packed_bytes: int = 0       # of CRIU's pages packed (and sent) while the dump ran
 
     @property
     def written_bytes(self) -> int:
@@ -204,51 +209,78 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     assert directory is not None
     os.makedirs(directory, mode=0o700, exist_ok=True)
     # 3.-6. the dump and the checkpoint directory; for an image, its pages cut as CRIU writes
-    follower = None
+    # them, cut as the generation it builds on was; to a registry, the biggest packed and sent
+    follower = packer = basis = None
     if plan.scratch:
         from torpor.image.follow import DumpFollower
+        from torpor.image.generations import params_of
+        from torpor.ops import generation
 
-        follower = DumpFollower(os.path.join(directory, names.CRIU_DIR))
-    metadata = checkpoint_into(txn, container, request, directory, progress, started,
-                               kept=plan.scratch is None, beside_dump=follower)
-    if plan.scratch is None:
-        synced = _make_durable(txn, progress, directory)
-        txn.commit()
-        return CheckpointResult(container.record.id, stopped, metadata.sizes,
-                                {**metadata.timings, "sync_s": synced,
-                                 "total_s": time.monotonic() - started},
-                                directory=directory)
+        # the generation it builds on: only what that one lacks is written (ops/generation.py)
+        basis = generation.basis(txn.client, cfg, Store(cfg.image_store), container.record.id,
+                                 container.record.image, target.ref,
+                                 Path(plan.scratch) / "held")
+        previous = basis.previous
+        follower = DumpFollower(os.path.join(directory, names.CRIU_DIR),
+                                params_of(previous.chunks if previous else None),
+                                cfg.image_zstd_level)
+        # (packs are moved into the layout when built: not where -o DIR is on another filesystem)
+        if early is not None and not target.recipients and \
+                os.stat(plan.scratch).st_dev == os.stat(plan.directory if target.oci and
+                                                        plan.directory else plan.scratch).st_dev:
+            from torpor.image.build import early_sender
+            from torpor.image.early_packs import EarlyPacker
 
-    # 7. the image, 8. the push or the store
-    from torpor.image import build as image_build
-    from torpor.image import encrypt_layout, sound_indexes
-    from torpor.ops import generation
-    from torpor.ops.sources import mount_from, tag_of
-    from torpor.registry import push_layout
+            pack_dir = os.path.join(plan.scratch, "packs")
+            packer = EarlyPacker(follower, pack_dir, previous.known if previous else {},
+                                 cfg.image_zstd_level, on_pack=early_sender(
+                                     pack_dir, functools.partial(early.submit, behind=True)))
+    try:
+        metadata = checkpoint_into(txn, container, request, directory, progress, started,
+                                   kept=plan.scratch is None,
+                                   beside_dump=_beside(follower, packer))
+        if plan.scratch is None:
+            synced = _make_durable(txn, progress, directory)
+            txn.commit()
+            return CheckpointResult(container.record.id, stopped, metadata.sizes,
+                                    {**metadata.timings, "sync_s": synced,
+                                     "total_s": time.monotonic() - started},
+                                    directory=directory)
 
-    ref = target.ref
-    followed = follower.followed if follower is not None else None
-    layout_dir = plan.directory if target.oci and plan.directory else \
-        os.path.join(plan.scratch, "layout")
-    t = time.monotonic()
-    txn.step("compressing")
-    # the generation it builds on: only what that one lacks is written (ops/generation.py)
-    basis = generation.basis(txn.client, cfg, Store(cfg.image_store), container.record.id,
-                             container.record.image, ref,
-                             Path(plan.scratch) / "held")
-    if early is not None and not target.recipients:
-        progress.step(f"compressing layers (zstd, in parallel) and pushing them to {ref}")
-        with early:  # waits for the uploads; the first that failed raises
-            built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
-                                      level=cfg.image_zstd_level, on_blob=early.submit,
+        # 7. the image, 8. the push or the store
+        from torpor.image import build as image_build
+        from torpor.ops.sources import tag_of
+
+        followed = follower.followed if follower is not None else None
+        packed = packer.packed if packer is not None else None
+        assert basis is not None
+        t = time.monotonic()
+        txn.step("compressing")
+        if early is not None and not target.recipients:
+            progress.step(f"compressing layers (zstd, in parallel) and pushing them to "
+                          f"{target.ref}")
+            with early:  # waits for the uploads; the first that failed raises
+                built = image_build.build(
+                    txn.client, directory, _layout_dir(plan, target),
+                    ref_name=tag_of(target.ref), level=cfg.image_zstd_level,
+                    on_blob=early.submit, previous=basis.previous,
+                    annotations=basis.annotations, followed=followed, packed=packed)
+        else:
+            progress.step("compressing layers (zstd, in parallel)")
+            built = image_build.build(txn.client, directory, _layout_dir(plan, target),
+                                      ref_name=tag_of(target.ref), level=cfg.image_zstd_level,
                                       previous=basis.previous, annotations=basis.annotations,
                                       followed=followed)
-    else:
-        progress.step("compressing layers (zstd, in parallel)")
-        built = image_build.build(txn.client, directory, layout_dir, ref_name=tag_of(ref),
-                                  level=cfg.image_zstd_level, previous=basis.previous,
-                                  annotations=basis.annotations, followed=followed)
-    follower = followed = None   # its chunks' digests: ~300 MiB per 100 GiB dumped
+    finally:   # an open pack's file, wherever it stopped (build() took what it could)
+        if packer is not None:
+            packer.abandon()
+    follower = followed = packer = packed = None   # its chunks' digests: ~300 MiB per 100 GiB
+    from torpor.image import encrypt_layout, sound_indexes
+    from torpor.ops.sources import mount_from
+    from torpor.registry import push_layout
+    from torpor.registry.layout import Layout
+
+    ref = target.ref
     sound_indexes.record(Path(cfg.image_store), built.chunk_index)  # a basis for the next one
     if target.recipients:
         progress.step(f"encrypting the layers for {len(target.recipients)} recipient(s)")
@@ -275,8 +307,12 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         ahead = early if early is not None and not target.recipients else None
         up, mounted, sent = (ahead.uploaded, ahead.mounted, ahead.bytes_uploaded) if ahead \
             else (0, 0, 0)  # what went up early, while compressing, counts too
+        # the manifests' push found those of the image present (packs sent during the dump
+        # that the generation did not take are not the image's)
+        built_layout = Layout(built.layout)
+        ours = sum(1 for digest in ahead.sent if built_layout.has_blob(digest)) if ahead else 0
         pushed = PushSummary(str(result.reference), result.uploaded + up,
-                             result.mounted + mounted, result.existing - up - mounted,
+                             result.mounted + mounted, result.existing - ours,
                              result.bytes_uploaded + sent, signature)
     layout = str(built.layout)
     if ref and not target.oci:
@@ -290,7 +326,25 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
                             layout=layout, digest=built.index.digest,
                             raw_bytes=built.raw_bytes, compressed_bytes=built.compressed_bytes,
                             pushed=pushed, new_bytes=built.new_bytes, previous=built.previous,
-                            followed_bytes=built.chunks.followed_bytes if built.chunks else 0)
+                            followed_bytes=built.chunks.followed_bytes if built.chunks else 0,
+                            early_packed_bytes=built.chunks.early_bytes if built.chunks else 0)
+
+
+def _layout_dir(plan: JournalTarget, target: CheckpointTarget) -> str:
+    """Where the image's layout is built: the output itself for -o DIR --oci."""
+    assert plan.scratch is not None
+    return plan.directory if target.oci and plan.directory else \
+        os.path.join(plan.scratch, "layout")
+
+
+@contextlib.contextmanager
+def _beside(*parts: AbstractContextManager[object] | None) -> Iterator[None]:
+    """The parts entered in order, for as long as the dump runs, and left in reverse."""
+    with contextlib.ExitStack() as stack:
+        for part in parts:
+            if part is not None:
+                stack.enter_context(part)
+        yield
 
 
 def _make_durable(txn: Transaction, progress: Progress, output: str) -> float:

@@ -13,6 +13,7 @@ Unknown media types are opaque blobs, never refused.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from torpor.errors import ImageError, RegistryError
 from torpor.formats import mediatypes
 from torpor.formats.digests import sha256_digest
 from torpor.formats.oci import Descriptor
+from torpor.nice import lower_priority
 from torpor.registry import manifests
 from torpor.registry.blob_upload import Outcome, push_blob
 from torpor.registry.client import RepositoryClient
@@ -166,6 +168,10 @@ class EarlyBlobs:
             early.submit(path, descriptor)     # from any thread; written_here=True for a blob
                                                # whose digest was computed as it was written
         push_layout(layout, ref, options=options)
+
+    A blob is sent once, however often it is submitted. One submitted `behind` goes up on
+    threads of its own at nice.NICE below the caller: while CRIU holds the workload frozen,
+    the upload takes only the CPU the dump leaves.
     """
 
     def __init__(self, reference: Reference | str, options: RegistryOptions | None = None,
@@ -177,17 +183,34 @@ class EarlyBlobs:
         self._mount_from = list(mount_from)
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.parallel),
                                         thread_name_prefix="torpor-early-push")
+        self._behind: ThreadPoolExecutor | None = None
         self._futures: list[tuple[Descriptor, Future[Outcome]]] = []
+        self._submitted: set[str] = set()
+        self._lock = threading.Lock()
         self.bytes = 0
         self.uploaded = self.mounted = self.existing = self.bytes_uploaded = 0
+        self.sent: set[str] = set()   # the digests uploaded or mounted
 
-    def submit(self, path: Path, blob: Descriptor, written_here: bool = False) -> None:
-        """Upload `blob` from `path`; `written_here`: its digest was computed here from the
-        bytes written to `path`, so they are sent without hashing them again."""
-        self.bytes += blob.size
-        self._futures.append((blob, self._pool.submit(push_blob, self._repo, Path(path), blob,
-                                                      self._mount_from, lambda offset: None,
-                                                      written_here=written_here)))
+    def submit(self, path: Path, blob: Descriptor, written_here: bool = False,
+               behind: bool = False) -> None:
+        """Upload `blob` from `path` (unless it was submitted before); `written_here`: its
+        digest was computed here from the bytes written to `path`, so they are sent without
+        hashing them again; `behind`: on the niced threads (while a dump runs)."""
+        with self._lock:
+            if blob.digest in self._submitted:
+                return
+            self._submitted.add(blob.digest)
+            self.bytes += blob.size
+            pool = self._pool
+            if behind:
+                if self._behind is None:
+                    self._behind = ThreadPoolExecutor(
+                        max_workers=max(1, self.options.parallel),
+                        thread_name_prefix="torpor-early-push-behind", initializer=lower_priority)
+                pool = self._behind
+            self._futures.append((blob, pool.submit(push_blob, self._repo, Path(path), blob,
+                                                    self._mount_from, lambda offset: None,
+                                                    written_here=written_here)))
 
     def check_access(self) -> None:
         """The registry answers and takes a push from these credentials: one upload started
@@ -208,9 +231,13 @@ class EarlyBlobs:
                     self.mounted += outcome is Outcome.MOUNTED
                     self.existing += outcome is Outcome.EXISTED
                     self.bytes_uploaded += blob.size if outcome is Outcome.UPLOADED else 0
+                    if outcome is not Outcome.EXISTED:
+                        self.sent.add(blob.digest)
             else:
                 for _, future in self._futures:
                     future.cancel()
         finally:
             self._pool.shutdown(wait=True)
+            if self._behind is not None:
+                self._behind.shutdown(wait=True)
             self._session.close()
