@@ -20,8 +20,7 @@ from torpor.image import follow
 from torpor.image.early_packs import EarlyPacker, EarlyPacks
 from torpor.image.follow import DumpFollower, Followed
 from torpor.image.packfile import LEVEL
-from torpor.image.packs import (ChunkLocation, PackSizing, WrittenGeneration, known_chunks,
-                                write_generation)
+from torpor.image.packs import ChunkLocation, PackSizing, WrittenGeneration, known_chunks, write_generation
 
 from .test_follow import FILES, MIB, append_slowly, assert_same, wait_caught_up
 
