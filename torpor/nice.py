@@ -20,3 +20,10 @@ def lower_priority() -> None:
         target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + NICE)
         if os.getpriority(os.PRIO_PROCESS, me) < target:
             os.setpriority(os.PRIO_PROCESS, me, target)
+
+
+def restore_priority(thread_id: int) -> None:
+    """A thread lowered by lower_priority back to the main thread's nice (where allowed: root,
+    or CAP_SYS_NICE; otherwise it stays where it is)."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, thread_id, os.getpriority(os.PRIO_PROCESS, os.getpid()))

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from torpor import nice
 from torpor.formats.oci import Descriptor
 from torpor.registry import EarlyBlobs, PushResult, RegistryOptions, pull, push_layout
 
@@ -129,3 +135,40 @@ def test_large_blobs_stream(plain_registry: Registry, tmp_path: Path) -> None:
     grown_mib = (peaks["after_pull"] - peaks["before"]) / 1024
     assert grown_mib < 32, f"peak RSS grew by {grown_mib:.0f} MiB moving a 200 MiB blob: {peaks}"
     print(f"peak RSS grew by {grown_mib:.1f} MiB for a 200 MiB push and pull")
+
+
+def test_blobs_sent_behind_a_dump_go_up_once_below_the_caller_until_it_is_over(
+        plain_registry: Registry, tmp_path: Path) -> None:
+    """`checkpoint --push` sends packs while CRIU dumps (EarlyBlobs.submit behind=True): their
+    threads run nice.NICE below the main thread until `forward()` once the dump is over, and a
+    blob submitted again (the build hands on every pack of the image) goes up once."""
+    layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
+    digest = layout.state_layers[0]
+    blob = Descriptor("application/octet-stream", digest, layout.blobs[digest])
+    path = layout.root / "blobs" / "sha256" / digest.split(":")[1]
+    main = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    held = f"http://{plain_registry.host}/v2/behind/web/blobs/{digest}"
+
+    def behind_nice() -> list[int]:
+        return [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
+                if t.name.startswith("torpor-early-push-behind") and t.native_id]
+
+    def registry_holds() -> bool:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(held, method="HEAD"),
+                                        timeout=10) as answer:
+                return int(answer.headers["Content-Length"]) == layout.blobs[digest]
+        except urllib.error.HTTPError:
+            return False
+
+    with EarlyBlobs(f"{plain_registry.host}/behind/web:1", FAST) as ahead:
+        ahead.submit(path, blob, written_here=True, behind=True)
+        ahead.submit(path, blob, written_here=True)
+        deadline = time.monotonic() + 20
+        while not registry_holds() and time.monotonic() < deadline:   # sent, its thread idle
+            time.sleep(0.01)
+        assert behind_nice() == [min(19, main + nice.NICE)]
+        ahead.forward()
+        assert behind_nice() == [main]
+    assert (ahead.uploaded, ahead.bytes_uploaded) == (1, layout.blobs[digest])
+    assert registry_holds()

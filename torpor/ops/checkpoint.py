@@ -239,6 +239,8 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         metadata = checkpoint_into(txn, container, request, directory, progress, started,
                                    kept=plan.scratch is None,
                                    beside_dump=_beside(follower, packer))
+        if early is not None:   # the dump is over: what went up below CRIU goes on as the rest
+            early.forward()
         if plan.scratch is None:
             synced = _make_durable(txn, progress, directory)
             txn.commit()

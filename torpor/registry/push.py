@@ -23,7 +23,7 @@ from torpor.errors import ImageError, RegistryError
 from torpor.formats import mediatypes
 from torpor.formats.digests import sha256_digest
 from torpor.formats.oci import Descriptor
-from torpor.nice import lower_priority
+from torpor.nice import lower_priority, restore_priority
 from torpor.registry import manifests
 from torpor.registry.blob_upload import Outcome, push_blob
 from torpor.registry.client import RepositoryClient
@@ -171,7 +171,8 @@ class EarlyBlobs:
 
     A blob is sent once, however often it is submitted. One submitted `behind` goes up on
     threads of its own at nice.NICE below the caller: while CRIU holds the workload frozen,
-    the upload takes only the CPU the dump leaves.
+    the upload takes only the CPU the dump leaves; `forward()` once the dump is over brings
+    those threads back, and later blobs go up at the caller's priority.
     """
 
     def __init__(self, reference: Reference | str, options: RegistryOptions | None = None,
@@ -186,6 +187,8 @@ class EarlyBlobs:
         self._behind: ThreadPoolExecutor | None = None
         self._futures: list[tuple[Descriptor, Future[Outcome]]] = []
         self._submitted: set[str] = set()
+        self._behind_threads: list[int] = []
+        self._forward = False
         self._lock = threading.Lock()
         self.bytes = 0
         self.uploaded = self.mounted = self.existing = self.bytes_uploaded = 0
@@ -202,15 +205,32 @@ class EarlyBlobs:
             self._submitted.add(blob.digest)
             self.bytes += blob.size
             pool = self._pool
-            if behind:
+            if behind and not self._forward:
                 if self._behind is None:
                     self._behind = ThreadPoolExecutor(
                         max_workers=max(1, self.options.parallel),
-                        thread_name_prefix="torpor-early-push-behind", initializer=lower_priority)
+                        thread_name_prefix="torpor-early-push-behind",
+                        initializer=self._behind_thread)
                 pool = self._behind
             self._futures.append((blob, pool.submit(push_blob, self._repo, Path(path), blob,
                                                     self._mount_from, lambda offset: None,
                                                     written_here=written_here)))
+
+    def _behind_thread(self) -> None:
+        lower_priority()
+        with self._lock:
+            self._behind_threads.append(threading.get_native_id())
+            if not self._forward:
+                return
+        restore_priority(threading.get_native_id())
+
+    def forward(self) -> None:
+        """The dump is over: the uploads submitted `behind` go on at the caller's priority."""
+        with self._lock:
+            self._forward = True
+            threads = list(self._behind_threads)
+        for thread in threads:
+            restore_priority(thread)
 
     def check_access(self) -> None:
         """The registry answers and takes a push from these credentials: one upload started
