@@ -1,15 +1,17 @@
-"""Pages cut while CRIU writes them (torpor/image/follow.py): what it costs the dump, and what it
-saves after.
+"""Pages cut (torpor/image/follow.py) and packed (torpor/image/early_packs.py) while CRIU writes
+them: what it costs the dump, and what it saves after.
 
-    python -m bench.follow [--mib 2048] [--rounds 3]
+    python -m bench.follow [--mib 2048] [--rounds 3] [--packed]
 
 A Python process holding --mib MiB of random bytes (memory that does not compress) is dumped
-with `criu dump --leave-running` into a directory on the node's disk, twice a round, the order
-alternating: CRIU alone, and CRIU with a DumpFollower reading behind it. Each dump then becomes a
-generation as a checkpoint image makes one (write_generation into packs): the plain dump cut
-whole, the followed one taking what the follower made. Prints, as medians: the dump (CRIU's
-run: what the workload is frozen for), what follows it (the follower stopped, the generation
-written), and the two together, followed over plain.
+with `criu dump --leave-running` into a directory on the node's disk, twice a round (three times
+with --packed), the order rotating: CRIU alone, CRIU with a DumpFollower reading behind it, and
+(--packed) CRIU with the follower and an EarlyPacker packing pages images past 2 GiB (no upload:
+its cost to the freeze is bench.upload_overlap's). Each dump then becomes a generation as a
+checkpoint image makes one (write_generation into packs): the plain dump cut whole, the others
+taking what was made during the dump. Prints, as medians: the dump (CRIU's run: what the
+workload is frozen for), what follows it (the follower stopped, the generation written), and
+the two together, against plain.
 Needs root and CRIU 4.2+ (`make deps`).
 """
 
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support import ecosystem
+from torpor.image.early_packs import EarlyPacker
 from torpor.image.follow import DumpFollower
 from torpor.image.packs import WrittenGeneration, write_generation
 
@@ -60,29 +63,43 @@ def holding(mib: int) -> Iterator[int]:
         holder.wait()
 
 
-def dump(criu: str, pid: int, directory: Path, follow: bool) -> tuple[float, DumpFollower | None]:
-    """CRIU's run (the freeze), with the follower started before it if `follow`."""
+Beside = tuple[DumpFollower, EarlyPacker | None] | None
+
+
+def dump(criu: str, pid: int, directory: Path, way: str) -> tuple[float, Beside]:
+    """CRIU's run (the freeze), with the follower (and the packer) started before it."""
     directory.mkdir()
-    follower = DumpFollower(str(directory)).start() if follow else None
+    follower = DumpFollower(str(directory)).start() if way != "plain" else None
+    packer = EarlyPacker(follower, f"{directory}-packs", {}, follower.level).start() \
+        if follower is not None and way == "packed" else None
     started = time.perf_counter()
     try:
         subprocess.run([criu, "dump", "-t", str(pid), "-D", str(directory), "--shell-job",
                         "--leave-running", "-o", "dump.log"], check=True)
-        return time.perf_counter() - started, follower
+        return time.perf_counter() - started, (follower, packer) if follower else None
     except BaseException:
+        if packer is not None:
+            packer.stop().abandon()
         if follower is not None:
             follower.stop()
         raise
 
 
-def generation(directory: Path, follower: DumpFollower | None) -> tuple[float, WrittenGeneration]:
-    """From CRIU's end: the follower stopped, then the generation written."""
+def generation(directory: Path, beside: Beside) -> tuple[float, WrittenGeneration]:
+    """From CRIU's end: the packer and the follower stopped, then the generation written."""
     started = time.perf_counter()
+    follower, packer = beside or (None, None)
+    packed = packer.stop() if packer is not None else None
     followed = follower.stop() if follower is not None else None
     names = sorted(p.name for p in directory.iterdir() if p.name.endswith(".img"))
     packs = directory.parent / f"{directory.name}-packs"
-    packs.mkdir()
-    gen = write_generation(str(directory), names, str(packs), followed=followed)
+    packs.mkdir(exist_ok=True)
+    try:
+        gen = write_generation(str(directory), names, str(packs), followed=followed,
+                               early=packed.files if packed is not None else None)
+    finally:
+        if packed is not None:
+            packed.abandon()
     return time.perf_counter() - started, gen
 
 
@@ -90,38 +107,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--packed", action="store_true",
+                        help="a third way: the follower and an early packer")
     args = parser.parse_args()
+    ways = ["plain", "followed", *(["packed"] if args.packed else [])]
     criu = ecosystem.which("criu")
     if not criu or os.geteuid() != 0:
         sys.exit("bench.follow needs root and CRIU 4.2+ (make deps)")
     base = Path(tempfile.mkdtemp(prefix="torpor-bench-follow-"))
-    times: dict[str, list[float]] = {k: [] for k in ("dump", "dump_f", "gen", "gen_f")}
+    times: dict[str, list[float]] = {f"{k}_{w}": [] for k in ("dump", "gen") for w in ways}
     try:
         with holding(args.mib) as pid:
             for i in range(args.rounds + 1):   # round 0 warms up and is not counted
-                order = (False, True) if i % 2 else (True, False)
-                for follow in order:
-                    d = base / f"round-{i}-{'followed' if follow else 'plain'}"
+                for way in ways[i % len(ways):] + ways[:i % len(ways)]:
+                    d = base / f"round-{i}-{way}"
                     os.sync()   # the dump pays for no earlier round's writeback
-                    dump_s, follower = dump(criu, pid, d, follow)
-                    gen_s, gen = generation(d, follower)
+                    dump_s, beside = dump(criu, pid, d, way)
+                    gen_s, gen = generation(d, beside)
                     shutil.rmtree(d)
                     shutil.rmtree(f"{d}-packs")
-                    cut = gen.stats.followed_bytes >> 20
-                    print(f"round {i} {'followed' if follow else 'plain   '}: dump {dump_s:.2f} s, "
-                          f"generation {gen_s:.2f} s ({cut} MiB of {gen.stats.total_bytes >> 20} "
-                          f"MiB cut during the dump)", flush=True)
+                    print(f"round {i} {way:8}: dump {dump_s:.2f} s, generation {gen_s:.2f} s "
+                          f"({gen.stats.followed_bytes >> 20} MiB cut, "
+                          f"{gen.stats.early_bytes >> 20} MiB packed of "
+                          f"{gen.stats.total_bytes >> 20} MiB during the dump)", flush=True)
                     if i:
-                        times["dump_f" if follow else "dump"].append(dump_s)
-                        times["gen_f" if follow else "gen"].append(gen_s)
+                        times[f"dump_{way}"].append(dump_s)
+                        times[f"gen_{way}"].append(gen_s)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     m = {k: statistics.median(v) for k, v in times.items()}
-    total, total_f = m["dump"] + m["gen"], m["dump_f"] + m["gen_f"]
-    print(f"{args.mib} MiB, medians of {args.rounds}: dump {m['dump_f']:.2f} s followed against "
-          f"{m['dump']:.2f} s ({m['dump_f'] / m['dump']:.2f}x); generation after it "
-          f"{m['gen_f']:.2f} s against {m['gen']:.2f} s ({m['gen_f'] / m['gen']:.2f}x); "
-          f"both {total_f:.2f} s against {total:.2f} s ({total_f / total:.2f}x)")
+    for way in ways[1:]:
+        total, total_w = m["dump_plain"] + m["gen_plain"], m[f"dump_{way}"] + m[f"gen_{way}"]
+        print(f"{args.mib} MiB, medians of {args.rounds}, {way}: dump {m[f'dump_{way}']:.2f} s "
+              f"against {m['dump_plain']:.2f} s plain ({m[f'dump_{way}'] / m['dump_plain']:.2f}x); "
+              f"generation after it {m[f'gen_{way}']:.2f} s against {m['gen_plain']:.2f} s "
+              f"({m[f'gen_{way}'] / m['gen_plain']:.2f}x); both {total_w:.2f} s against "
+              f"{total:.2f} s ({total_w / total:.2f}x)")
 
 
 if __name__ == "__main__":

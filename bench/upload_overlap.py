@@ -65,7 +65,7 @@ def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
     os.sync()
     started = time.perf_counter()
     if way == "after":
-        dump_s, _ = dump(criu, pid, directory, follow=False)
+        dump_s, _ = dump(criu, pid, directory, "plain")
         ingest(registry.host, repository, parts, 0)
         return dump_s, time.perf_counter() - started
     nice = NICE if "nice" in way else 0
@@ -80,7 +80,7 @@ def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
     sender = threading.Thread(target=upload)
     sender.start()
     try:
-        dump_s, _ = dump(criu, pid, directory, follow=False)
+        dump_s, _ = dump(criu, pid, directory, "plain")
     finally:
         renice(registry.proc.pid, 0)
         sender.join()
@@ -92,7 +92,7 @@ def one_way(way: str, criu: str, pid: int, directory: Path, registry: Registry,
 def run_ways(rounds: int, criu: str, pid: int, base: Path, registry: Registry,
              times: dict[str, list[tuple[float, float]]]) -> None:
     """Every way, `rounds` rounds and a warm-up, the order rotating; into `times`."""
-    dump(criu, pid, base / "sent", follow=False)
+    dump(criu, pid, base / "sent", "plain")
     parts = [p for p in raw_parts(base / "sent") if p[0].name.startswith("pages-")]
     n = 0
     for i in range(rounds + 1):   # round 0 warms up and is not counted
