@@ -140,24 +140,25 @@ def test_large_blobs_stream(plain_registry: Registry, tmp_path: Path) -> None:
 def test_blobs_sent_behind_a_dump_go_up_once_below_the_caller_until_it_is_over(
         plain_registry: Registry, tmp_path: Path) -> None:
     """`checkpoint --push` sends packs while CRIU dumps (EarlyBlobs.submit behind=True): their
-    threads run nice.NICE below the main thread until `forward()` once the dump is over, and a
-    blob submitted again (the build hands on every pack of the image) goes up once."""
+    threads run nice.NICE below the main thread until `forward()` once the dump is over, after
+    which one submitted even from a niced thread goes up at the main thread's nice; a blob
+    submitted again (the build hands on every pack of the image) goes up once."""
     layout = write_single_blob_layout(tmp_path / "layout", 5 * MIB)
     digest = layout.state_layers[0]
     blob = Descriptor("application/octet-stream", digest, layout.blobs[digest])
     path = layout.root / "blobs" / "sha256" / digest.split(":")[1]
     main = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    held = f"http://{plain_registry.host}/v2/behind/web/blobs/{digest}"
 
     def behind_nice() -> list[int]:
         return [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
                 if t.name.startswith("torpor-early-push-behind") and t.native_id]
 
-    def registry_holds() -> bool:
+    def registry_holds(blob: str = digest, size: int = layout.blobs[digest]) -> bool:
+        held = f"http://{plain_registry.host}/v2/behind/web/blobs/{blob}"
         try:
             with urllib.request.urlopen(urllib.request.Request(held, method="HEAD"),
                                         timeout=10) as answer:
-                return int(answer.headers["Content-Length"]) == layout.blobs[digest]
+                return int(answer.headers["Content-Length"]) == size
         except urllib.error.HTTPError:
             return False
 
@@ -170,5 +171,21 @@ def test_blobs_sent_behind_a_dump_go_up_once_below_the_caller_until_it_is_over(
         assert behind_nice() == [min(19, main + nice.NICE)]
         ahead.forward()
         assert behind_nice() == [main]
-    assert (ahead.uploaded, ahead.bytes_uploaded) == (1, layout.blobs[digest])
+        # a blob submitted later from a niced thread (the packer's) goes up at main's nice
+        other = write_single_blob_layout(tmp_path / "other", MIB)
+        other_digest = other.state_layers[0]
+        submitter = threading.Thread(target=lambda: (nice.lower_priority(), ahead.submit(
+            other.root / "blobs" / "sha256" / other_digest.split(":")[1],
+            Descriptor("application/octet-stream", other_digest, other.blobs[other_digest]),
+            written_here=True, behind=True)))
+        submitter.start()
+        submitter.join()
+        deadline = time.monotonic() + 20
+        while not registry_holds(other_digest, other.blobs[other_digest]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
+                if t.name.startswith("torpor-early-push") and t.native_id} == {main}
+    assert (ahead.uploaded, ahead.bytes_uploaded) == (2, layout.blobs[digest]
+                                                      + other.blobs[other_digest])
     assert registry_holds()

@@ -157,6 +157,10 @@ def _push_blobs(repo: RepositoryClient, layout: Layout, blobs: dict[str, Descrip
     return {digest: future.result() for future, digest in futures.items()}
 
 
+def _at_main_priority() -> None:
+    restore_priority(threading.get_native_id())
+
+
 class EarlyBlobs:
     """Blobs uploaded while the image is still being built (`push_layout` then finds them
     present and sends only the manifests): a checkpoint's layers go up as each finishes
@@ -182,8 +186,10 @@ class EarlyBlobs:
         self._session = RegistrySession.for_reference(ref, self.options)
         self._repo = RepositoryClient(self._session, self._session.repository(ref.repository))
         self._mount_from = list(mount_from)
+        # (its threads start at the nice of the thread that submits: brought to the main's)
         self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.parallel),
-                                        thread_name_prefix="torpor-early-push")
+                                        thread_name_prefix="torpor-early-push",
+                                        initializer=_at_main_priority)
         self._behind: ThreadPoolExecutor | None = None
         self._futures: list[tuple[Descriptor, Future[Outcome]]] = []
         self._submitted: set[str] = set()
