@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,10 @@ from torpor.image.follow import POLL_S, DumpFollower, FollowedFile
 from torpor.image.packfile import RAW
 from torpor.image.packs import DEFAULT_SIZING, ChunkLocation, EarlyFile, PackSizing
 from torpor.nice import lower_priority
+
+# a pages image the follower has not moved on in is looked at (stat) again after this long:
+# CRIU may write on past 2 GiB while the follower, niced, waits for the CPU
+LOOK_AGAIN_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class EarlyPacker:
         self.packed: EarlyPacks | None = None   # once stopped as a context manager
         self._fds: dict[str, int] = {}
         self._next: dict[str, int] = {}   # name -> the next of its followed spans to place
-        self._looked: dict[str, int] = {}  # name -> the follower's end when last looked at
+        self._looked: dict[str, tuple[int, float]] = {}   # name -> the follower's end, when
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -126,9 +131,12 @@ class EarlyPacker:
 
     def _begin(self, name: str, followed: FollowedFile) -> bool:
         """Whether `name` is big enough now to be packed from its start (opened then)."""
-        if followed.broken or not followed.spans or self._looked.get(name) == followed.end:
-            return False   # (looked at since the follower last moved on in it)
-        self._looked[name] = followed.end
+        if followed.broken or not followed.spans:
+            return False
+        now = time.monotonic()
+        if self._looked.get(name, (-1, 0.0)) >= (followed.end, now - LOOK_AGAIN_S):
+            return False   # looked at since the follower moved on in it, and lately
+        self._looked[name] = (followed.end, now)
         path = os.path.join(self.follower.directory, name)
         try:
             if os.stat(path, follow_symlinks=False).st_size < self.sizing.settled:
