@@ -18,6 +18,7 @@ from .support.containerd import Node
 from .support.processes import wait_for
 from .support.registry import Registry
 from .support.workload import containers, exec_out
+from .test_generations import node_config
 
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
@@ -26,11 +27,7 @@ MEMORY_MIB = 3072
 
 @pytest.fixture(scope="module")
 def early_node(nodes: Nodes, session_dir: Path) -> Node:
-    config = session_dir / "node-early.toml"
-    config.write_text(f'[runtime]\nstate_dir = "{session_dir}/early-state"\n'
-                      f'log_dir = "{session_dir}/early-state-logs"\n'
-                      f'[image]\nstore = "{session_dir}/early-store"\n')
-    return nodes.start("early", config=config)
+    return nodes.start("early", config=node_config(session_dir, "early"))
 
 
 @pytest.fixture(scope="module")

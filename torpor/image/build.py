@@ -239,7 +239,8 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
     previous generation's packs this one uses). CRIU's images are stored as chunks, only those
     the `previous` generation does not hold being written again; `annotations` go on the state
     manifest; `followed`: CRIU's pages images as a DumpFollower cut them during the dump;
-    `packed`: what an EarlyPacker packed of them meanwhile (its packs sent by `early_sender`)."""
+    `packed`: what an EarlyPacker packed of them meanwhile (its packs sent by `early_sender`;
+    the open packs it did not take are the caller's to abandon)."""
     started = time.monotonic()
     moving = threading.Lock()
 
@@ -379,8 +380,6 @@ def build(client: Client, directory: str, layout_dir: str, *, ref_name: str | No
             shutil.rmtree(layout_dir, ignore_errors=True)
         raise
     finally:
-        if packed is not None:
-            packed.abandon()
         shutil.rmtree(staging, ignore_errors=True)
     return BuiltImage(Path(layout_dir), index_desc, runnable_desc, state_desc, raw_bytes,
                       own_bytes, time.monotonic() - started, new_bytes, generation.stats,

@@ -211,6 +211,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     # 3.-6. the dump and the checkpoint directory; for an image, its pages cut as CRIU writes
     # them, cut as the generation it builds on was; to a registry, the biggest packed and sent
     follower = packer = basis = None
+    uploading = early is not None and not target.recipients   # (an encrypted image: after)
     if plan.scratch:
         from torpor.image.follow import DumpFollower
         from torpor.image.generations import params_of
@@ -225,7 +226,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
                                 params_of(previous.chunks if previous else None),
                                 cfg.image_zstd_level)
         # (packs are moved into the layout when built: not where -o DIR is on another filesystem)
-        if early is not None and not target.recipients and \
+        if early is not None and uploading and \
                 os.stat(plan.scratch).st_dev == os.stat(plan.directory if target.oci and
                                                         plan.directory else plan.scratch).st_dev:
             from torpor.image.build import early_sender
@@ -258,21 +259,16 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         assert basis is not None
         t = time.monotonic()
         txn.step("compressing")
-        if early is not None and not target.recipients:
-            progress.step(f"compressing layers (zstd, in parallel) and pushing them to "
-                          f"{target.ref}")
-            with early:  # waits for the uploads; the first that failed raises
-                built = image_build.build(
-                    txn.client, directory, _layout_dir(plan, target),
-                    ref_name=tag_of(target.ref), level=cfg.image_zstd_level,
-                    on_blob=early.submit, previous=basis.previous,
-                    annotations=basis.annotations, followed=followed, packed=packed)
-        else:
-            progress.step("compressing layers (zstd, in parallel)")
-            built = image_build.build(txn.client, directory, _layout_dir(plan, target),
-                                      ref_name=tag_of(target.ref), level=cfg.image_zstd_level,
-                                      previous=basis.previous, annotations=basis.annotations,
-                                      followed=followed)
+        progress.step("compressing layers (zstd, in parallel)" + (
+            f" and pushing them to {target.ref}" if uploading else ""))
+        # (the uploads waited for: the first that failed raises)
+        with early if early is not None and uploading else contextlib.nullcontext():
+            built = image_build.build(
+                txn.client, directory, _layout_dir(plan, target), ref_name=tag_of(target.ref),
+                level=cfg.image_zstd_level,
+                on_blob=early.submit if early is not None and uploading else None,
+                previous=basis.previous, annotations=basis.annotations, followed=followed,
+                packed=packed)
     finally:   # an open pack's file, wherever it stopped (build() took what it could)
         if packer is not None:
             packer.abandon()
@@ -306,7 +302,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
             progress.step(f"signing {result.digest} with {signing_key.path}")
             signature = sign_image(ref, result.digest, signing_key, push).signature
         timings["push_s"] = time.monotonic() - t
-        ahead = early if early is not None and not target.recipients else None
+        ahead = early if uploading else None
         up, mounted, sent = (ahead.uploaded, ahead.mounted, ahead.bytes_uploaded) if ahead \
             else (0, 0, 0)  # what went up early, while compressing, counts too
         # the manifests' push found those of the image present (packs sent during the dump
