@@ -25,6 +25,7 @@ from .support import ecosystem
 
 pytestmark = pytest.mark.real
 MIB = 1 << 20
+PAGE = 4096
 
 HOLDER = """
 import hashlib, os, signal, sys, time
@@ -113,7 +114,8 @@ def test_a_process_restores_from_rebuilt_sparse_images(
     packs = tmp_path / "packs"
     packs.mkdir()
     gen = write_generation(str(tmp_path / "dump"), names, str(packs))
-    assert gen.stats.zero_bytes >= 16 * MIB
+    # the written zeros start a malloc header past a page: all but one of their pages whole
+    assert gen.stats.zero_bytes >= 16 * MIB - PAGE
     assert gen.stats.new_pack_bytes < gen.stats.total_bytes - 15 * MIB
     rebuilt = tmp_path / "rebuilt"
     rebuilt.mkdir()
