@@ -154,10 +154,12 @@ def test_an_estimate_round_trips_and_refuses_other_formats() -> None:
 
 def zero_pages_and_hits(wanted: set[bytes]) -> tuple[int, int]:
     zero = hits = 0
+    blank = bytes(PAGE)
+    firsts = {page[:64] for page in wanted}
     for page in memory.dump_pages(os.getpid()):
-        if page == bytes(PAGE):
+        if page == blank:
             zero += 1
-        elif bytes(page) in wanted:
+        elif page[:64] in firsts and page.tobytes() in wanted:
             hits += 1
     return zero, hits
 
@@ -263,13 +265,15 @@ def test_only_a_chunk_index_whose_records_are_true_is_found_sound(tmp_path: Path
 def index_bomb(mib: int) -> bytes:
     """A well-formed chunk index of `mib` MiB: one file of zero runs, every extent one page."""
     n = (mib << 20) // 6
-    return json.dumps({
+    head = json.dumps({
         "mediaType": mt.CHUNK_INDEX, "version": 1,
         "chunking": {"algorithm": "page-crc32-v1", "page_size": 4096, "min_size": 32768,
                      "avg_size": 131072, "max_size": 524288, "compression": "zstd", "level": 3},
         "packs": [], "chunks": [],
         "files": [{"name": "criu/pages-1.img", "size": 4096 * n, "digest": "sha256:" + "0" * 64,
-                   "extents": [-4096] * n}]}, separators=(",", ":")).encode()
+                   "extents": []}]}, separators=(",", ":")).encode()
+    at = head.index(b'"extents":[') + len(b'"extents":[')
+    return head[:at] + b"-4096," * (n - 1) + b"-4096" + head[at:]   # json.dumps took 0.24 s
 
 
 def test_a_small_chunk_index_layer_that_unpacks_to_much_is_refused_at_once(tmp_path: Path) -> None:
@@ -286,7 +290,7 @@ def test_a_small_chunk_index_layer_that_unpacks_to_much_is_refused_at_once(tmp_p
     layout.create()
     bomb = index_bomb(16)
     for says_size in (True, False):
-        blob = zstandard.ZstdCompressor(level=19, write_content_size=says_size).compress(bomb)
+        blob = zstandard.ZstdCompressor(level=9, write_content_size=says_size).compress(bomb)
         assert len(blob) < 2000
         digest = "sha256:" + hashlib.sha256(blob).hexdigest()
         layout.write_small(digest, blob, durable=False)
