@@ -10,6 +10,8 @@ restores, rounds alternating the order:
   torpor       `torpor restore REF`         (download, verify, rebuild, then CRIU)
   torpor lazy  `torpor restore REF --lazy`  (CRIU without the memory; pages after, ranges)
   runc         `runc restore --detach` from the local directory (no network, no checks)
+  serve        every blob of the image sent by the registry to /dev/null over PARALLEL
+               connections: what any restore from this registry must wait for at least
 "answers": from the command's start until the restored memhog writes its tick file again (it
 ticks every millisecond, writing every 50 ticks: its own loop runs, touching a few pages);
 "complete": until the command returns (for lazy, the last page placed). Medians; ratios are
@@ -25,6 +27,8 @@ import shutil
 import statistics
 import subprocess
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.checkpoint import bare_bundle, become_subreaper, runc
@@ -34,6 +38,8 @@ from tests.support.processes import wait_for
 from tests.support.registry import Registry
 from tests.support.workload import task_status
 
+PARALLEL = 4   # connections for `serve`: RegistryOptions.parallel, what torpor pulls with
+ACCEPT = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json"
 STEPS = {"torpor": ("pull_s", "unpack_s", "restore_s"),     # torpor restore --json timings
          "lazy": ("pull_s", "restore_s", "lazy_s", "keep_s")}
 
@@ -78,6 +84,32 @@ def timed(cmd: list[str], env: dict[str, str] | None, gap: Path,
     return answered, done
 
 
+def serve(host: str, repository: str, tag: str) -> float:
+    """Seconds for the registry to send every blob the image names, PARALLEL at a time."""
+    def get(path: str, accept: str = "") -> bytes:
+        request = urllib.request.Request(f"http://{host}/v2/{repository}/{path}",
+                                         headers={"Accept": accept} if accept else {})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            if accept:
+                return bytes(answer.read())
+            while answer.read(1 << 20):
+                pass
+            return b""
+
+    t = time.perf_counter()
+    blobs: set[str] = set()
+    documents = [json.loads(get(f"manifests/{tag}", ACCEPT))]
+    while documents:
+        document = documents.pop()
+        for m in document.get("manifests", []):
+            documents.append(json.loads(get(f"manifests/{m['digest']}", ACCEPT)))
+        blobs.update(d["digest"] for d in [*document.get("layers", []),
+                                          *([document["config"]] if "config" in document else [])])
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        list(pool.map(lambda digest: get(f"blobs/{digest}"), sorted(blobs)))
+    return time.perf_counter() - t
+
+
 def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
              rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
@@ -98,11 +130,13 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
     wait_for(lambda: all(task_status(a, n) == "STOPPED" for n in originals),
              what="the checkpointed containers to stop")
     for i in range(rounds):
-        order = ["torpor", "lazy", "runc"]
-        for who in order[i % 3:] + order[:i % 3]:
+        order = ["torpor", "lazy", "runc", "serve"]
+        for who in order[i % 4:] + order[:i % 4]:
             name = f"{who}{mib}-{i}"
             drop_caches()
-            if who == "runc":
+            if who == "serve":
+                answered = done = serve(registry.host, f"bench/lazy{mib}", "1")
+            elif who == "runc":
                 bundle = bare_bundle(a, f"r{mib}", name, base / f"bundle-{i}")
                 answered, done = timed(
                     ["runc", "--root", f"/run/containerd/runc/{a.namespace}", "restore",
@@ -162,6 +196,9 @@ def main() -> int:
                       f"  lazy {r['lazy_complete']:6.2f} s "
                       f"({r['lazy_complete'] / r['runc_complete']:.2f}x)  runc "
                       f"{r['runc_complete']:6.2f} s", flush=True)
+                print(f"          the registry alone sends the image in {r['serve_complete']:.2f} s "
+                      f"({r['serve_complete'] / r['runc_complete']:.2f}x runc): the floor of any "
+                      f"restore from it", flush=True)
                 for who, steps in STEPS.items():
                     print(f"          {who}: " + ", ".join(
                         f"{step[:-2]} {r[f'{who}_{step}']:.2f} s" for step in steps), flush=True)
