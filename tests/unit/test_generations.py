@@ -155,7 +155,7 @@ def test_an_estimate_round_trips_and_refuses_other_formats() -> None:
 def zero_pages_and_hits(wanted: set[bytes]) -> tuple[int, int]:
     zero = hits = 0
     blank = bytes(PAGE)
-    firsts = {page[:64] for page in wanted}
+    firsts = {page[:64] for page in wanted}   # a page's head first: no copy of every page
     for page in memory.dump_pages(os.getpid()):
         if page == blank:
             zero += 1

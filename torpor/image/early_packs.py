@@ -134,7 +134,8 @@ class EarlyPacker:
         if followed.broken or not followed.spans:
             return False
         now = time.monotonic()
-        if self._looked.get(name, (-1, 0.0)) >= (followed.end, now - LOOK_AGAIN_S):
+        end, at = self._looked.get(name, (-1, 0.0))
+        if end == followed.end and now - at < LOOK_AGAIN_S:
             return False   # looked at since the follower moved on in it, and lately
         self._looked[name] = (followed.end, now)
         path = os.path.join(self.follower.directory, name)

@@ -211,7 +211,8 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
     # 3.-6. the dump and the checkpoint directory; for an image, its pages cut as CRIU writes
     # them, cut as the generation it builds on was; to a registry, the biggest packed and sent
     follower = packer = basis = None
-    uploading = early is not None and not target.recipients   # (an encrypted image: after)
+    # the blobs that go up while the image is built (an encrypted image's: after it)
+    ahead = None if target.recipients else early
     if plan.scratch:
         from torpor.image.follow import DumpFollower
         from torpor.image.generations import params_of
@@ -226,7 +227,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
                                 params_of(previous.chunks if previous else None),
                                 cfg.image_zstd_level)
         # (packs are moved into the layout when built: not where -o DIR is on another filesystem)
-        if early is not None and uploading and \
+        if ahead is not None and \
                 os.stat(plan.scratch).st_dev == os.stat(plan.directory if target.oci and
                                                         plan.directory else plan.scratch).st_dev:
             from torpor.image.build import early_sender
@@ -235,7 +236,7 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
             pack_dir = os.path.join(plan.scratch, "packs")
             packer = EarlyPacker(follower, pack_dir, previous.known if previous else {},
                                  cfg.image_zstd_level, on_pack=early_sender(
-                                     pack_dir, functools.partial(early.submit, behind=True)))
+                                     pack_dir, functools.partial(ahead.submit, behind=True)))
     try:
         metadata = checkpoint_into(txn, container, request, directory, progress, started,
                                    kept=plan.scratch is None,
@@ -260,13 +261,13 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
         t = time.monotonic()
         txn.step("compressing")
         progress.step("compressing layers (zstd, in parallel)" + (
-            f" and pushing them to {target.ref}" if uploading else ""))
+            f" and pushing them to {target.ref}" if ahead is not None else ""))
         # (the uploads waited for: the first that failed raises)
-        with early if early is not None and uploading else contextlib.nullcontext():
+        with ahead if ahead is not None else contextlib.nullcontext():
             built = image_build.build(
                 txn.client, directory, _layout_dir(plan, target), ref_name=tag_of(target.ref),
                 level=cfg.image_zstd_level,
-                on_blob=early.submit if early is not None and uploading else None,
+                on_blob=ahead.submit if ahead is not None else None,
                 previous=basis.previous, annotations=basis.annotations, followed=followed,
                 packed=packed)
     finally:   # an open pack's file, wherever it stopped (build() took what it could)
@@ -302,7 +303,6 @@ def _run(txn: Transaction, container: CheckpointedContainer, request: Checkpoint
             progress.step(f"signing {result.digest} with {signing_key.path}")
             signature = sign_image(ref, result.digest, signing_key, push).signature
         timings["push_s"] = time.monotonic() - t
-        ahead = early if uploading else None
         up, mounted, sent = (ahead.uploaded, ahead.mounted, ahead.bytes_uploaded) if ahead \
             else (0, 0, 0)  # what went up early, while compressing, counts too
         # the manifests' push found those of the image present (packs sent during the dump
