@@ -10,7 +10,7 @@ restores, rounds alternating the order:
   torpor       `torpor restore REF`         (download, verify, rebuild, then CRIU)
   torpor lazy  `torpor restore REF --lazy`  (CRIU without the memory; pages after, ranges)
   runc         `runc restore --detach` from the local directory (no network, no checks)
-  serve        every blob of the image sent by the registry to /dev/null over PARALLEL
+  serve        every layer of the image sent by the registry to /dev/null over PARALLEL
                connections: what any restore from this registry must wait for at least
 "answers": from the command's start until the restored memhog writes its tick file again (it
 ticks every millisecond, writing every 50 ticks: its own loop runs, touching a few pages);
@@ -39,7 +39,6 @@ from tests.support.registry import Registry
 from tests.support.workload import task_status
 
 PARALLEL = 4   # connections for `serve`: RegistryOptions.parallel, what torpor pulls with
-ACCEPT = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json"
 STEPS = {"torpor": ("pull_s", "unpack_s", "restore_s"),     # torpor restore --json timings
          "lazy": ("pull_s", "restore_s", "lazy_s", "keep_s")}
 
@@ -84,29 +83,17 @@ def timed(cmd: list[str], env: dict[str, str] | None, gap: Path,
     return answered, done
 
 
-def serve(host: str, repository: str, tag: str) -> float:
-    """Seconds for the registry to send every blob the image names, PARALLEL at a time."""
-    def get(path: str, accept: str = "") -> bytes:
-        request = urllib.request.Request(f"http://{host}/v2/{repository}/{path}",
-                                         headers={"Accept": accept} if accept else {})
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            if accept:
-                return bytes(answer.read())
+def serve(registry: Registry, repository: str, tag: str) -> float:
+    """Seconds for the registry to send every layer of the image, PARALLEL at a time."""
+    def drain(digest: str) -> None:
+        with urllib.request.urlopen(f"http://{registry.host}/v2/{repository}/blobs/{digest}",
+                                    timeout=60) as answer:
             while answer.read(1 << 20):
                 pass
-            return b""
 
     t = time.perf_counter()
-    blobs: set[str] = set()
-    documents = [json.loads(get(f"manifests/{tag}", ACCEPT))]
-    while documents:
-        document = documents.pop()
-        for m in document.get("manifests", []):
-            documents.append(json.loads(get(f"manifests/{m['digest']}", ACCEPT)))
-        blobs.update(d["digest"] for d in [*document.get("layers", []),
-                                          *([document["config"]] if "config" in document else [])])
     with ThreadPoolExecutor(PARALLEL) as pool:
-        list(pool.map(lambda digest: get(f"blobs/{digest}"), sorted(blobs)))
+        list(pool.map(drain, sorted(registry.layer_digests(repository, tag))))
     return time.perf_counter() - t
 
 
@@ -135,7 +122,7 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
             name = f"{who}{mib}-{i}"
             drop_caches()
             if who == "serve":
-                answered = done = serve(registry.host, f"bench/lazy{mib}", "1")
+                answered = done = serve(registry, f"bench/lazy{mib}", "1")
             elif who == "runc":
                 bundle = bare_bundle(a, f"r{mib}", name, base / f"bundle-{i}")
                 answered, done = timed(
