@@ -18,7 +18,7 @@ from .conftest import run_torpor
 from .support import subnets
 from .support.containerd import Node
 from .support.netns import NetNS, veth_pair
-from .support.processes import wait_for
+from .support.processes import printed, wait_for
 from .support.workload import (
     COUNTER,
     LineClient,
@@ -27,6 +27,7 @@ from .support.workload import (
     freezer_state,
     kv_ask,
     read_counter,
+    read_file,
     task_pid,
     task_status,
     wait_counter_above,
@@ -190,7 +191,7 @@ def test_saved_files_match_the_saved_memory(node: Node, tmp_path: Path,
         node.ctr("tasks", "delete", "--force", name)
         run_torpor(node, "restore", str(tmp_path / "ck"), "--name", f"{name}-b")
         time.sleep(0.5)
-        lines = exec_out(node, f"{name}-b", "cat", "/root/log").split("\n")
+        lines = read_file(node, f"{name}-b", "/root/log").split("\n")
         logged = [int(n) for n in lines[:-2]]  # the last line may be half written
         assert len(logged) > 2000
         assert logged == list(range(1, len(logged) + 1))
@@ -218,9 +219,9 @@ def test_files_come_back_under_a_new_name(node: Node, tmp_path: Path,
             entry.unlink()
         run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "files-b",
                    "--volume", f"/data={volume}")
-        out = exec_out(node, "files-b", "sh", "-c",
-                       "cat /root/written /var/new/deep/file /scratch/file /dev/shm/file "
-                       "/data/new.txt; ls /etc/group /data/old.txt 2>&1; true")
+        out = printed(lambda: exec_out(
+            node, "files-b", "sh", "-c", "cat /root/written /var/new/deep/file /scratch/file "
+            "/dev/shm/file /data/new.txt; ls /etc/group /data/old.txt 2>&1; true"))
         assert out.splitlines()[:5] == ["rootfs", "deep", "tmpfs", "shm", "volume"]
         assert "/etc/group: No such file or directory" in out
         assert "/data/old.txt: No such file or directory" in out
@@ -454,5 +455,6 @@ def test_native_snapshotter_uses_containerds_diff_service(node: Node, tmp_path: 
         assert (tmp_path / "ck" / "rootfs-diff.tar").stat().st_size > 0
         node.ctr("tasks", "delete", "native")
         run_torpor(node, "restore", str(tmp_path / "ck"), "--name", "native-b")
-        out = exec_out(node, "native-b", "sh", "-c", "cat /root/made; ls /etc/group 2>&1; true")
+        out = printed(lambda: exec_out(node, "native-b", "sh", "-c",
+                                       "cat /root/made; ls /etc/group 2>&1; true"))
         assert "native" in out and "No such file" in out

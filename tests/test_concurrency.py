@@ -18,8 +18,8 @@ from .support.processes import wait_for
 from .support.workload import (
     COUNTER,
     containers,
-    exec_out,
     read_counter,
+    read_file,
     task_status,
     wait_counter_above,
 )
@@ -139,7 +139,7 @@ def test_two_containerds_with_the_same_names_keep_apart(world: World, node: Node
             _, err = cli.communicate(timeout=120)
             assert cli.returncode == 0, err
         for label, n in pair.items():
-            assert exec_out(n, "same-b", "cat", "/root/who").strip() == label
+            assert read_file(n, "same-b", "/root/who").strip() == label
             wait_counter_above(n, "same-b", read_counter(n, "same-b"))
     for controller in Path("/sys/fs/cgroup").iterdir():  # the twin's cgroup parent
         with contextlib.suppress(OSError):

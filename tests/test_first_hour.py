@@ -19,8 +19,8 @@ from .support.registry import Registry, docker_config
 from .support.workload import (
     COUNTER,
     containers,
-    exec_out,
     read_counter,
+    read_file,
     task_pid,
     task_status,
     wait_counter_above,
@@ -265,7 +265,7 @@ def test_what_a_restore_makes_goes_with_its_container(first_node: Node, session_
         torpor(node, "restore", str(checkpoint), "--name", a)
         torpor(node, "restore", str(checkpoint), "--name", b)
         assert [m.split(f"{node.namespace}-")[1][:len(a)] for m in made()] == [a, b], made()
-        assert "localhost" in exec_out(node, b, "cat", "/etc/hosts")
+        assert "localhost" in read_file(node, b, "/etc/hosts")
         assert (base / "state-logs" / f"{node.namespace}-{a}.log").is_file()
         # a restore that fails once its files are made (the task's logger cannot start)
         failed = torpor(node, "restore", str(checkpoint), "--name", "own-files-c",
@@ -278,7 +278,7 @@ def test_what_a_restore_makes_goes_with_its_container(first_node: Node, session_
         out = torpor(node, "recover").stdout
         assert "sandbox files of a restored container that is gone" in out, out
         assert len(made()) == 1 and f"-{b}-" in made()[0], made()
-        assert "localhost" in exec_out(node, b, "cat", "/etc/hosts")
+        assert "localhost" in read_file(node, b, "/etc/hosts")
         count = read_counter(node, b)
         wait_counter_above(node, b, count)
     torpor(node, "recover")   # b deleted too (containers()): the sweep takes its files

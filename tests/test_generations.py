@@ -25,6 +25,7 @@ from .support.workload import (
     exec_out,
     kv_ask,
     read_counter,
+    read_file,
     wait_counter_above,
     wait_kv,
 )
@@ -112,7 +113,7 @@ def test_a_next_generation_stores_and_sends_what_changed(
         assert again["previous"] == refs[2] and again["new_bytes"] <= 0.05 * first["new_bytes"]
         names.append(f"{name}-again")
         run_torpor(a, "restore", refs[2], "--name", f"{name}-again")
-        assert "rewrites 1" in exec_out(a, f"{name}-again", "cat", "/tmp/rewrites")
+        assert "rewrites 1" in read_file(a, f"{name}-again", "/tmp/rewrites")
     # B holds generation 1; generation 3 brings only its new packs
     pulled1 = json.loads(run_torpor(b, "pull", refs[0], "--json").stdout)
     pulled3 = json.loads(run_torpor(b, "pull", refs[2], "--json").stdout)

@@ -35,7 +35,7 @@ from .support import cri, ecosystem, kube_agent
 from .support.kube import KubeCluster
 from .support.kube_network import ask
 from .support.netns import NetNS
-from .support.processes import wait_for
+from .support.processes import printed, wait_for
 from .support.workload import COUNTER
 from .support.world import World
 
@@ -115,7 +115,7 @@ def pod_exec(kube: KubeCluster, name: str, *cmd: str, container: str = "counter"
 
 
 def counter(kube: KubeCluster, name: str, container: str = "counter") -> int:
-    return int(pod_exec(kube, name, "cat", "/tmp/count", container=container))
+    return int(printed(lambda: pod_exec(kube, name, "cat", "/tmp/count", container=container)))
 
 
 def counter_above(kube: KubeCluster, name: str, value: int, timeout: float = 30,

@@ -29,7 +29,7 @@ from .support import cri, ecosystem, subnets
 from .support.netns import NetNS
 from .support.processes import free_port, kill_pid, wait_for
 from .support.registry import Registry
-from .support.workload import COUNTER, LineClient, exec_out, remove
+from .support.workload import COUNTER, LineClient, read_counter, read_file, remove
 from .support.world import World
 
 pytestmark = pytest.mark.real
@@ -236,11 +236,11 @@ def test_kubelet_checkpoint_restored_by_torpor_restore(cluster: Cluster) -> None
     try:
         run_torpor(node, "restore", str(archive), "--name", "from-kubelet", "--netns",
                    netns.path, "--volume", f"/data={data}")
-        value = int(exec_out(node, "from-kubelet", "cat", "/tmp/count"))
+        value = read_counter(node, "from-kubelet")
         assert value >= before
         assert (data / "note").read_text() == "kept\n"
-        assert exec_out(node, "from-kubelet", "cat", "/dev/shm/note").strip() == "in-shm"
-        wait_for(lambda: int(exec_out(node, "from-kubelet", "cat", "/tmp/count")) > value,
+        assert read_file(node, "from-kubelet", "/dev/shm/note").strip() == "in-shm"
+        wait_for(lambda: read_counter(node, "from-kubelet") > value,
                  what="the restored counter to move")
     finally:
         remove(node, "from-kubelet")

@@ -21,7 +21,7 @@ from .support.containerd import Node
 from .support.processes import wait_for
 from .support.registry import Registry
 from .support.tcp_proxy import ThrottledProxy
-from .support.workload import containers, exec_out, task_status
+from .support.workload import containers, exec_out, read_file, task_status
 
 pytestmark = pytest.mark.real
 SHIM = ["--runtime", "io.containerd.torpor.v2"]
@@ -53,7 +53,7 @@ def registry(session_dir: Path) -> Iterator[Registry]:
 
 def memhog_sums(node: Node, name: str) -> list[str]:
     """memhog's checksums of its whole memory so far: at its start, then one per SIGUSR1."""
-    text = exec_out(node, name, "cat", "/tmp/sums")
+    text = read_file(node, name, "/tmp/sums")
     return [line.rsplit(" ", 1)[1] for line in text.splitlines() if "checksum" in line]
 
 

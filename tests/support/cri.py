@@ -27,7 +27,7 @@ from typing import Any
 from . import ecosystem, images
 from .containerd import Node
 from .netns import NetNS, ip
-from .processes import wait_for
+from .processes import printed, wait_for
 from .registry import Registry
 
 SANDBOX_CMD = ("sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done")
@@ -152,7 +152,7 @@ class Crictl:
         return str(self.json("inspect", container_id)["status"]["state"])
 
     def read_counter(self, container_id: str) -> int:
-        return int(self.exec(container_id, "cat", "/tmp/count"))
+        return int(printed(lambda: self.exec(container_id, "cat", "/tmp/count")))
 
     def wait_counter_above(self, container_id: str, value: int, timeout: float = 20) -> int:
         def above() -> int | None:

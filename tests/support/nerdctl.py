@@ -21,7 +21,7 @@ from pathlib import Path
 from . import ecosystem, subnets
 from .containerd import Node
 from .netns import ip
-from .processes import wait_for
+from .processes import printed, wait_for
 
 _instances = itertools.count(1)
 
@@ -91,7 +91,7 @@ class Nerdctl:
         return self("exec", name, *cmd).stdout
 
     def counter(self, name: str) -> int:
-        return int(self.exec_out(name, "cat", "/tmp/count").strip())
+        return int(printed(lambda: self.exec_out(name, "cat", "/tmp/count")).strip())
 
     def wait_counter_above(self, name: str, value: int, timeout: float = 10) -> int:
         def above() -> int | None:

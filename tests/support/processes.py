@@ -22,6 +22,18 @@ def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
+def printed(read: Callable[[], str], tries: int = 3) -> str:
+    """What `read` printed: an exec, through containerd's runc shim, of a command whose output
+    is never empty (a counter's file). Asked again when it printed nothing: the shim gives an
+    exec's output 2 s to be copied before it lets the exec go, and drops what is left
+    (containerd#12289, fixed after 2.1), which a machine running two suites at once sees."""
+    for _ in range(tries - 1):
+        out = read()
+        if out.strip():
+            return out
+    return read()
+
+
 def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL, the process we started."""
     if proc.poll() is not None:

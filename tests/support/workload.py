@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .containerd import Node
-from .processes import wait_for
+from .processes import printed, wait_for
 
 COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
            "mv /tmp/count.new /tmp/count; usleep 50000; done")
@@ -39,8 +39,13 @@ def exec_out(node: Node, name: str, *cmd: str, check: bool = True) -> str:
     return result.stdout
 
 
+def read_file(node: Node, name: str, path: str) -> str:
+    """A file in the container that is never empty, read with `cat` through the shim."""
+    return printed(lambda: exec_out(node, name, "cat", path))
+
+
 def read_counter(node: Node, name: str) -> int:
-    return int(exec_out(node, name, "cat", "/tmp/count").strip())
+    return int(read_file(node, name, "/tmp/count").strip())
 
 
 def wait_counter_above(node: Node, name: str, value: int, timeout: float = 10) -> int:
