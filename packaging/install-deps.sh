@@ -390,9 +390,20 @@ build_go_tool() {
     log "installed $name $version to $out ($((SECONDS - start)) s)"
 }
 
+venv_is_this_checkouts() {
+    # torpor imported from this checkout, and its commands run (a venv moved, copied or
+    # installed from another checkout keeps its stamp, but its scripts name another python)
+    local here
+    here=$("$VENV/bin/python" -c 'import os, torpor; print(os.path.realpath(torpor.__file__))' \
+        2>/dev/null) || return 1
+    [ "$here" = "$(cd "$TOP" && pwd -P)/torpor/__init__.py" ] \
+        && "$VENV/bin/torpor" --version >/dev/null 2>&1
+}
+
 install_venv() {
     local stamp="$VENV/.torpor-installed"
-    if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$stamp" -nt "$TOP/pyproject.toml" ]; then
+    if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$stamp" -nt "$TOP/pyproject.toml" ] \
+        && venv_is_this_checkouts; then
         log "python environment $VENV is up to date"
         return 0
     fi
