@@ -571,3 +571,41 @@ def test_a_record_pointing_at_another_frame_of_a_checked_pack_is_refused(
     with pytest.raises(DigestMismatch):
         source.read(index.files[0], 0, 256 << 10)
     source.close()
+
+
+def test_a_page_source_reads_ahead_from_packs_at_hand_and_refuses_a_damaged_chunk(
+        tmp_path: Path) -> None:
+    """A lazy restore of an image this node holds: behind each request, the next chunks are
+    read and hashed on the fetchers while CRIU places the pages before them, and a chunk
+    damaged on disk, read ahead, is still refused when CRIU asks for it."""
+    import time
+
+    from torpor.lazy.chunks import AHEAD_AT_HAND, ChunkSource
+
+    data = random_bytes(24 * MIB, 7)
+    gen = generation(tmp_path, "g1", {"pages-1.img": data})
+    record = gen.index.files[0]
+    at, damaged_at = 0, None
+    for n in record.extents:   # the chunk holding byte 8 MiB, inside the first window
+        chunk = gen.index.chunks[n]
+        if at <= 8 * MIB < at + chunk.plain_length:
+            pack = tmp_path / "packs" / gen.index.packs[chunk.pack].digest.removeprefix("sha256:")
+            blob = bytearray(pack.read_bytes())
+            blob[chunk.offset + chunk.length // 2] ^= 0x01
+            pack.write_bytes(bytes(blob))
+            damaged_at = at
+        at += chunk.plain_length
+    assert damaged_at is not None and 8 * MIB < AHEAD_AT_HAND
+    source = ChunkSource(gen.index, lambda digest, size: str(
+        tmp_path / "packs" / digest.removeprefix("sha256:")), None, lambda: float("inf"))
+    try:
+        assert b"".join(source.read(record, 0, MIB)) == data[:MIB]
+        deadline = time.monotonic() + 10
+        while source.counts.local_bytes < AHEAD_AT_HAND and time.monotonic() < deadline:
+            time.sleep(0.01)   # no read asks for them: the fetchers read ahead
+        assert source.counts.local_bytes >= AHEAD_AT_HAND
+        assert b"".join(source.read(record, 4 * MIB, MIB)) == data[4 * MIB:5 * MIB]
+        with pytest.raises(DigestMismatch, match="damaged"):
+            source.read(record, damaged_at, PAGE)
+    finally:
+        source.close()

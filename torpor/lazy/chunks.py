@@ -5,8 +5,11 @@ that holds it), else by an HTTP range request on its pack in the registry: one r
 run of chunks that lie back to back in one pack (up to RUN_BYTES), several runs at once.
 Either way each frame is checked as a full restore checks it (image/reassemble.decode_chunk:
 length, content size, sha256) before a byte of it is used, but for the sha256 of a chunk
-whose whole pack the download below has checked. Behind each read, the next
-READ_AHEAD bytes of the same file are fetched in the background (CRIU asks in address order).
+whose whole pack the download below has checked. Behind each read, the next bytes of the
+same file are fetched in the background, on the fetchers (CRIU asks in address order, one
+request at a time): READ_AHEAD by range requests, AHEAD_AT_HAND from packs at hand, whose
+chunks are then hashed while CRIU places the pages before them (a window of 64 MiB there
+slowed the restore itself, before the workload ran, on two cores).
 A registry that fails is asked again, with backoff, until the deadline the caller gives: a
 lazy restore waits rather than fails, since the process waiting for the page cannot run on
 without it. Decoded chunks are kept in a cache of CACHE_BYTES.
@@ -47,7 +50,8 @@ LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its fi
 RemoteRange = Callable[[str, int, int], bytes | bytearray]  # digest, offset, length (unverified)
 CACHE_BYTES = 128 << 20
 RUN_BYTES = 8 << 20       # one range request at most
-READ_AHEAD = 64 << 20     # fetched behind each read, of the same file
+READ_AHEAD = 64 << 20     # fetched behind each read, of the same file, by range requests
+AHEAD_AT_HAND = 16 << 20  # ... or from packs at hand (each chunk hashed on a fetcher)
 FETCHERS = 6
 WAIT_S = 600.0            # the most a request waits for the download before asking by range
 STALL_S = 1.0             # ... or once the download has written nothing for this long
@@ -170,15 +174,16 @@ class ChunkSource:
             found[n] = data if data is not None else self._fetch_run([n], urgent)[n]
         return found
 
-    def _start(self, numbers: list[int], urgent: bool = True) -> list[Future[None]]:
+    def _start(self, numbers: list[int], urgent: bool = True,
+               ahead: bool = False) -> list[Future[None]]:
         """Fetch `numbers` (none cached or pending) in runs on the fetchers; runs that wait for
         the packs' download, or that a pack at hand holds, are read here instead (the first
         never hold a fetcher a page fault needs, the second never wait behind the fetchers'
-        range requests)."""
+        range requests), unless they are read `ahead` of CRIU's requests."""
         futures = []
         for run in self._runs(numbers):
-            inline = (not urgent and self._arrivals is not None) or \
-                self._at_hand(self.index.chunks[run[0]].pack)
+            inline = not ahead and ((not urgent and self._arrivals is not None) or
+                                    self._at_hand(self.index.chunks[run[0]].pack))
             future: Future[None] = Future() if inline else \
                 self._pool.submit(self._fetch_into_cache, run, urgent)
             with self._lock:
@@ -194,10 +199,13 @@ class ChunkSource:
         return futures
 
     def _read_ahead(self, record: FileRecord, starts: list[int], after: int) -> None:
-        if self._remote is None or (self._arrivals is not None and not self._arrivals.ended):
+        if self._arrivals is not None and not self._arrivals.ended:
             return   # the download is the read-ahead while it runs
         wanted, at = [], after
-        limit = (starts[after] if after < len(starts) else 0) + READ_AHEAD
+        following = next((n for n in record.extents[after:after + 8] if n >= 0), None)
+        window = AHEAD_AT_HAND if following is not None and \
+            self._at_hand(self.index.chunks[following].pack) else READ_AHEAD
+        limit = (starts[after] if after < len(starts) else 0) + window
         with self._lock:
             while at < len(record.extents) and starts[at] < limit:
                 n = record.extents[at]
@@ -205,7 +213,7 @@ class ChunkSource:
                     wanted.append(n)
                 at += 1
         if wanted:
-            self._start(wanted)
+            self._start(wanted, ahead=True)
 
     def _runs(self, numbers: list[int]) -> list[list[int]]:
         """`numbers` in runs of chunks back to back in one pack, each at most RUN_BYTES."""
