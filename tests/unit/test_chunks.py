@@ -604,6 +604,8 @@ def test_a_page_source_reads_ahead_from_packs_at_hand_and_refuses_a_damaged_chun
         while source.counts.local_bytes < AHEAD_AT_HAND and time.monotonic() < deadline:
             time.sleep(0.01)   # no read asks for them: the fetchers read ahead
         assert source.counts.local_bytes >= AHEAD_AT_HAND
+        time.sleep(0.2)   # and no further than its window (and the chunk that crosses it)
+        assert source.counts.local_bytes < MIB + AHEAD_AT_HAND + MIB
         assert b"".join(source.read(record, 4 * MIB, MIB)) == data[4 * MIB:5 * MIB]
         with pytest.raises(DigestMismatch, match="damaged"):
             source.read(record, damaged_at, PAGE)

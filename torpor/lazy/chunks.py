@@ -144,6 +144,16 @@ class ChunkSource:
                 return True
         return self._arrivals is not None and self._arrivals.checked(self.index.packs[pack].digest)
 
+    def _here(self, pack: int) -> bool:
+        """Whether pack number `pack` is read without the network: at hand, or in this node's
+        store (opened now; a pack of the wrong size there is refused by its own read)."""
+        if self._at_hand(pack):
+            return True
+        try:
+            return self._open_local(pack) is not None
+        except DigestMismatch:
+            return False
+
     def chunk_of(self, record: ChunkRecord) -> bytes:
         number = self._numbers[record.digest]
         return self._get([number])[number]
@@ -204,7 +214,7 @@ class ChunkSource:
         wanted, at = [], after
         following = next((n for n in record.extents[after:after + 8] if n >= 0), None)
         window = AHEAD_AT_HAND if following is not None and \
-            self._at_hand(self.index.chunks[following].pack) else READ_AHEAD
+            self._here(self.index.chunks[following].pack) else READ_AHEAD
         limit = (starts[after] if after < len(starts) else 0) + window
         with self._lock:
             while at < len(record.extents) and starts[at] < limit:
