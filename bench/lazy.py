@@ -1,6 +1,6 @@
 """Restore straight from a registry: torpor whole, torpor lazy, and bare runc from a local dir.
 
-    python -m bench.lazy [--sizes 256,2048] [--rounds 2]
+    python -m bench.lazy [--sizes 256,2048] [--rounds 2] [--from-store]
 
 For each size, a container holding that much incompressible memory (memhog) is checkpointed on
 node a (`torpor checkpoint -t REF --push --leave-running`) and, as the baseline, a same-sized
@@ -12,6 +12,9 @@ restores, rounds alternating the order:
   runc         `runc restore --detach` from the local directory (no network, no checks)
   serve        every layer of the image sent by the registry to /dev/null over PARALLEL
                connections: what any restore from this registry must wait for at least
+With --from-store, node a restores instead of node b: the image is in its store (the checkpoint
+put it there), so nothing comes from the registry and `serve` is left out: a restore again on
+the node that holds the image.
 "answers": from the command's start until the restored memhog writes its tick file again (it
 ticks every millisecond, writing every 50 ticks: its own loop runs, touching a few pages);
 "complete": until the command returns (for lazy, the last page placed). Medians; ratios are
@@ -98,7 +101,7 @@ def serve(registry: Registry, repository: str, tag: str) -> float:
 
 
 def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
-             rounds: int) -> dict[str, list[float]]:
+             rounds: int, from_store: bool = False) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     base = w.base / f"lazy-{mib}"
     gap_a, gap_r = base / "gap-t", base / "gap-r"
@@ -116,9 +119,10 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
         a.ctr("tasks", "kill", "-s", "KILL", name)
     wait_for(lambda: all(task_status(a, n) == "STOPPED" for n in originals),
              what="the checkpointed containers to stop")
+    node = a if from_store else b
+    order = ["torpor", "lazy", "runc"] + ([] if from_store else ["serve"])
     for i in range(rounds):
-        order = ["torpor", "lazy", "runc", "serve"]
-        for who in order[i % 4:] + order[:i % 4]:
+        for who in order[i % len(order):] + order[:i % len(order)]:
             name = f"{who}{mib}-{i}"
             drop_caches()
             if who == "serve":
@@ -138,7 +142,7 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
                 extra = ["--lazy"] if who == "lazy" else []
                 report = base / f"{name}.json"
                 answered, done = timed([str(w.bin / "torpor"), "restore", ref, "--name", name,
-                                        "--volume", "/gap", "--json", *extra], b.env,
+                                        "--volume", "/gap", "--json", *extra], node.env,
                                        gap_a / "gap", report)
                 timings = json.loads(report.read_text()).get("timings", {})
                 for step in STEPS[who]:
@@ -146,10 +150,11 @@ def one_size(w: World, a: Node, b: Node, registry: Registry, mib: int,
                 if who == "lazy":   # where the pages came from: ranges, the packs' download
                     for key in ("lazy_remote_bytes", "lazy_streamed_bytes"):
                         out.setdefault(key, []).append(float(timings.get(key, 0)) / (1 << 20))
-                b.ctr("tasks", "delete", "--force", name)
-                b.ctr("containers", "rm", name)
-                subprocess.run([str(w.bin / "torpor"), "rm", ref], env=b.env,
-                               capture_output=True)   # the next restore downloads again
+                node.ctr("tasks", "delete", "--force", name)
+                node.ctr("containers", "rm", name)
+                if not from_store:   # the next restore downloads again
+                    subprocess.run([str(w.bin / "torpor"), "rm", ref], env=b.env,
+                                   capture_output=True)
             out.setdefault(f"{who}_answers", []).append(answered)
             out.setdefault(f"{who}_complete", []).append(done)
     for name in (f"t{mib}", f"r{mib}"):
@@ -163,6 +168,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,2048", help="MiB of memory, comma-separated")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--from-store", action="store_true",
+                        help="restore on the node whose store holds the image, not from the registry")
     args = parser.parse_args()
     become_subreaper()
     with world() as w:
@@ -174,7 +181,7 @@ def main() -> int:
             b = w.node("lazy-b", config=config)
             for mib in (int(s) for s in args.sizes.split(",")):
                 r = {k: statistics.median(v) for k, v in
-                     one_size(w, a, b, registry, mib, args.rounds).items()}
+                     one_size(w, a, b, registry, mib, args.rounds, args.from_store).items()}
                 print(f"{mib:5d} MiB | answers: torpor {r['torpor_answers']:6.2f} s "
                       f"({r['torpor_answers'] / r['runc_answers']:.2f}x)  lazy "
                       f"{r['lazy_answers']:6.2f} s ({r['lazy_answers'] / r['runc_answers']:.2f}x)"
@@ -183,9 +190,10 @@ def main() -> int:
                       f"  lazy {r['lazy_complete']:6.2f} s "
                       f"({r['lazy_complete'] / r['runc_complete']:.2f}x)  runc "
                       f"{r['runc_complete']:6.2f} s", flush=True)
-                print(f"          the registry alone sends the image in {r['serve_complete']:.2f} s "
-                      f"({r['serve_complete'] / r['runc_complete']:.2f}x runc): the floor of any "
-                      f"restore from it", flush=True)
+                if not args.from_store:
+                    print(f"          the registry alone sends the image in "
+                          f"{r['serve_complete']:.2f} s ({r['serve_complete'] / r['runc_complete']:.2f}x "
+                          f"runc): the floor of any restore from it", flush=True)
                 for who, steps in STEPS.items():
                     print(f"          {who}: " + ", ".join(
                         f"{step[:-2]} {r[f'{who}_{step}']:.2f} s" for step in steps), flush=True)
