@@ -596,6 +596,7 @@ def test_a_page_source_reads_ahead_from_packs_at_hand_and_refuses_a_damaged_chun
             damaged_at = at
         at += chunk.plain_length
     assert damaged_at is not None and 8 * MIB < AHEAD_AT_HAND
+    fds = len(os.listdir("/proc/self/fd"))
     source = ChunkSource(gen.index, lambda digest, size: str(
         tmp_path / "packs" / digest.removeprefix("sha256:")), None, lambda: float("inf"))
     try:
@@ -609,5 +610,10 @@ def test_a_page_source_reads_ahead_from_packs_at_hand_and_refuses_a_damaged_chun
         assert b"".join(source.read(record, 4 * MIB, MIB)) == data[4 * MIB:5 * MIB]
         with pytest.raises(DigestMismatch, match="damaged"):
             source.read(record, damaged_at, PAGE)
+        source.read(record, 16 * MIB, MIB)   # more read ahead, running as it closes
     finally:
         source.close()
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/fd")) != fds and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(os.listdir("/proc/self/fd")) == fds   # no pack left open behind it

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import zstandard
 
-from torpor.errors import DeadlineExceeded, DigestMismatch, RegistryError
+from torpor.errors import DeadlineExceeded, DigestMismatch, ImageError, RegistryError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
 from torpor.image.reassemble import Vouched, decode_chunk, vouched_chunks
 from torpor.registry.arrivals import Arrivals
@@ -86,6 +86,7 @@ class ChunkSource:
         self._arrivals: Arrivals | None = None
         self._vouched: dict[int, Vouched | None] = {}   # packs whole and checked: own index
         self._not_local: set[int] = set()                # packs the store does not hold
+        self._closed = False
 
     def follow(self, arrivals: Arrivals) -> None:
         """Read the packs not on this node from their download as it comes (`arrivals`)."""
@@ -94,6 +95,7 @@ class ChunkSource:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)  # a retrying one ends alone
         with self._lock:
+            self._closed = True   # a read ahead still running opens no pack from now on
             fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
@@ -366,8 +368,10 @@ class ChunkSource:
             raise DigestMismatch(f"pack {pack.digest} is {size} bytes here, "
                                  f"not the {pack.size} its index says")
         with self._lock:
-            if number in self._fds:
+            if number in self._fds or self._closed:
                 os.close(fd)
+                if self._closed:
+                    raise ImageError("the lazy restore's page source is closed")
                 return self._fds[number]
             self._fds[number] = fd
         return fd
