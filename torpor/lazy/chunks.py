@@ -368,10 +368,11 @@ class ChunkSource:
             raise DigestMismatch(f"pack {pack.digest} is {size} bytes here, "
                                  f"not the {pack.size} its index says")
         with self._lock:
-            if number in self._fds or self._closed:
+            if self._closed:
                 os.close(fd)
-                if self._closed:
-                    raise ImageError("the lazy restore's page source is closed")
+                raise ImageError("the lazy restore's page source is closed")
+            if number in self._fds:
+                os.close(fd)
                 return self._fds[number]
             self._fds[number] = fd
         return fd
