@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what torpor needs on a Debian 12 (bookworm) or 13 (trixie) machine, as root.
 #
-#   packaging/install-deps.sh            system packages + CRIU >= 4.2 + the test tools + the venv
+#   packaging/install-deps.sh            system packages + CRIU 4.2.1 with torpor's patches
+#                                        (packaging/criu/) + the test tools + the venv
 #   packaging/install-deps.sh --system   system packages and CRIU only
 #   packaging/install-deps.sh --demo     system packages, CRIU and the venv: what `make demo`
 #                                        and `make install` need (no test tools, no Go)
@@ -60,6 +61,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TOP=$(cd "$HERE/.." && pwd)
 VENV=${TORPOR_VENV:-$TOP/.venv}
 STATE=${TORPOR_BUILD_DIR:-/var/cache/torpor-build}
+CRIU_PATCHES=("$HERE/criu/lazy-pages-wait.patch")   # applied in order to CRIU's source
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -71,7 +73,7 @@ TEST_PKGS=(containernetworking-plugins libseccomp-dev pkg-config   # CNI for CRI
            podman fuse-overlayfs slirp4netns uidmap netavark aardvark-dns catatonit)  # test_podman
 CRIU_BUILD_PKGS=(libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev libcap-dev
                  libbsd-dev libnftables-dev libgnutls28-dev uuid-dev pkg-config python3-protobuf
-                 gcc make)
+                 gcc make patch)
 
 missing_pkgs() {
     local p
@@ -219,16 +221,19 @@ unpack_debs() {
     mv "$tmp" "$dir"
 }
 
+criu_build_id() {
+    # what $PREFIX/sbin/criu is when this script built it: the version and torpor's patches
+    { echo "$CRIU_VERSION $CRIU_SHA256"; cat "${CRIU_PATCHES[@]}"; } | sha256sum | cut -d' ' -f1
+}
+
 install_criu() {
-    local have
-    have=$(criu_version_num "$PREFIX/sbin/criu")
-    if [ "$have" -ge "$CRIU_MIN" ]; then
-        log "criu $("$PREFIX/sbin/criu" --version | awk '/^Version:/{print $2}') already in $PREFIX/sbin"
-        return 0
-    fi
-    have=$(criu_version_num "$(command -v criu || echo /nonexistent)")
-    if [ "$have" -ge "$CRIU_MIN" ]; then
-        log "criu on PATH is new enough"
+    # torpor's build (CRIU_PATCHES applied) in $PREFIX/sbin, ahead of a distribution's CRIU on
+    # PATH: a stock CRIU works too, but its lazy-pages daemon spins on a core during every
+    # lazy restore (packaging/criu/lazy-pages-wait.patch)
+    local stamp=$DEPS/criu.build
+    if [ "$(criu_version_num "$PREFIX/sbin/criu")" -ge "$CRIU_MIN" ] \
+            && [ "$(cat "$stamp" 2>/dev/null)" = "$(criu_build_id)" ]; then
+        log "criu $("$PREFIX/sbin/criu" --version | awk '/^Version:/{print $2}') (torpor's build) already in $PREFIX/sbin"
         return 0
     fi
     apt_install "${CRIU_BUILD_PKGS[@]}"
@@ -241,10 +246,16 @@ install_criu() {
     rm -rf "$src"
     mkdir -p "$src"
     tar -xf "$tarball" -C "$src" --strip-components=1
-    log "building criu $CRIU_VERSION ($(nproc) cores)"
+    local fix
+    for fix in "${CRIU_PATCHES[@]}"; do
+        patch -p1 -d "$src" --forward --batch --quiet <"$fix" || die "$fix does not apply to criu $CRIU_VERSION"
+    done
+    log "building criu $CRIU_VERSION with ${#CRIU_PATCHES[@]} patch(es) of torpor's ($(nproc) cores)"
     make -C "$src" -j"$(nproc)" criu >"$STATE/criu-build.log" 2>&1 \
         || { tail -n 30 "$STATE/criu-build.log" >&2; die "criu build failed (log: $STATE/criu-build.log)"; }
     install -D -m 0755 "$src/criu/criu" "$PREFIX/sbin/criu"
+    mkdir -p "$DEPS"
+    criu_build_id >"$DEPS/criu.build"
     rm -rf "$src"
     log "installed $("$PREFIX/sbin/criu" --version | head -n1) to $PREFIX/sbin/criu"
 }

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,6 +176,39 @@ def test_torpor_ls_shows_how_much_memory_is_in(
         said.append(restore.communicate(timeout=180)[0])
         assert restore.returncode == 0, "".join(said)
         assert lazy_restores(b) == []
+
+
+def lazy_pages_daemon(restore: subprocess.Popen[str]) -> int:
+    """The pid of the `criu lazy-pages` this (in-process) restore started."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == restore.pid and b"lazy-pages" in (stat.parent / "cmdline").read_bytes():
+                return pid
+    raise AssertionError(f"no criu lazy-pages under torpor restore (pid {restore.pid})")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+
+
+def test_criu_lazy_pages_sleeps_while_the_memory_arrives(
+        lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
+    """While the workload runs and its pages wait on a slow registry, `criu lazy-pages` leaves
+    the node's CPU to the workload and the download (torpor's CRIU build: stock CRIU 4.2 spins
+    on a core, packaging/criu/lazy-pages-wait.patch)."""
+    name = "lazy-asleep"
+    with arriving(lazy_nodes, registry, str(test_image["name"]), name) as (restore, said, _):
+        daemon = lazy_pages_daemon(restore)
+        spent, started = cpu_seconds(daemon), time.monotonic()
+        time.sleep(2.0)   # 64 MiB at 8 MiB/s: the pages are still arriving
+        spent, took = cpu_seconds(daemon) - spent, time.monotonic() - started
+        assert restore.poll() is None, "the lazy restore ended before it was measured"
+        assert spent < 0.25 * took, f"criu lazy-pages used {spent:.2f} s of CPU in {took:.2f} s"
+        said.append(restore.communicate(timeout=180)[0])
+        assert restore.returncode == 0, "".join(said)
+        assert lazy_restores(lazy_nodes[1]) == []
 
 
 def test_a_registry_gone_mid_stream_kills_the_workload_and_leaves_nothing(

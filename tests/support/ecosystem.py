@@ -66,8 +66,9 @@ def kube_binary(name: str) -> Path:
 
 
 def search_path() -> str:
-    """PATH, then where install-deps.sh puts CRIU, then the sbin directories root's PATH may lack."""
-    return ":".join([os.environ.get("PATH", ""), str(SBIN), "/usr/local/sbin", "/usr/sbin"])
+    """Where install-deps.sh puts CRIU (its build, before any other CRIU on PATH), PATH, then
+    the sbin directories root's PATH may lack."""
+    return ":".join([str(SBIN), os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin"])
 
 
 def which(name: str) -> str | None:
