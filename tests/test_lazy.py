@@ -141,16 +141,22 @@ def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str
     a, b = nodes
     repo = f"lazy/{name}:1"
     proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
+    restore: subprocess.Popen[str] | None = None
     try:
         with containers(a) as on_a, containers(b) as on_b:
             on_a.append(name)
             start_memhog(a, image, name, MIB)
             run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
             on_b.append(name)
-            restore, said = restore_until(b, "its memory is arriving", f"{proxy.host}/{repo}",
-                                          "--lazy")
-            assert "its memory is arriving" in "".join(said), said
-            yield restore, said, proxy
+            try:
+                restore, said = restore_until(b, "its memory is arriving",
+                                              f"{proxy.host}/{repo}", "--lazy")
+                assert "its memory is arriving" in "".join(said), said
+                yield restore, said, proxy
+            finally:   # a test that failed midway: the restore it started ends before b's state
+                if restore is not None and restore.poll() is None:
+                    restore.kill()
+                    restore.communicate(timeout=60)
     finally:
         proxy.close()
 
