@@ -335,8 +335,9 @@ def test_killing_torpor_runc_mid_checkpoint_leaves_the_workload_running(
         finally:
             hold.unlink(missing_ok=True)
             Path(str(hold) + ".pid").unlink(missing_ok=True)
-            if cli.poll() is None:
+            if cli.poll() is None:   # a test that failed midway: killed, and reaped
                 cli.kill()
+                cli.communicate(timeout=60)
         assert cli.returncode != 0
         wait_for(lambda: freezer_state(pid) == "THAWED", timeout=10, what="the guardian's thaw")
         assert task_status(node, "killed") == "RUNNING"

@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import IMAGE, run_torpor
 from .support.containerd import Node
-from .support.processes import wait_for
+from .support.processes import reaped, wait_for
 from .support.workload import (
     COUNTER,
     containers,
@@ -46,7 +46,7 @@ def leftovers(node: Node, state_dir: Path) -> list[str]:
 def test_eight_containers_at_once(node: Node, state_dir: Path, tmp_path: Path,
                                   leave_running: bool) -> None:
     tag = "lr" if leave_running else "stop"
-    with containers(node) as names:
+    with containers(node) as names, reaped() as started:
         counted = {}
         for i in range(8):
             name = f"eight-{tag}-{i}"
@@ -57,6 +57,7 @@ def test_eight_containers_at_once(node: Node, state_dir: Path, tmp_path: Path,
         flags = ["--leave-running"] if leave_running else []
         running = {name: start_torpor(node, "checkpoint", name, "-o", str(tmp_path / name), *flags)
                    for name in counted}
+        started += running.values()
         results = {name: cli.communicate(timeout=300) for name, cli in running.items()}
         failed = {name: err for name, (_, err) in results.items() if running[name].returncode}
         LOST.extend(name for name in failed if task_status(node, name) != "RUNNING")
@@ -79,13 +80,14 @@ def test_a_second_checkpoint_of_one_container_is_refused(node: Node, state_dir: 
                                                          tmp_path: Path) -> None:
     hold = state_dir / "test-hold" / "dumping"
     hold.parent.mkdir(parents=True, exist_ok=True)
-    with containers(node) as names:
+    with containers(node) as names, reaped() as started:
         names += ["twice", "twice-b"]
         node.ctr("run", "-d", *SHIM, IMAGE, "twice", "sh", "-c", COUNTER)
         before = wait_counter_above(node, "twice", 3)
         hold.touch()
         try:
             first = start_torpor(node, "checkpoint", "twice", "-o", str(tmp_path / "first"))
+            started.append(first)
             wait_for(Path(f"{hold}.pid").exists, timeout=60, what="the first checkpoint")
             second = run_torpor(node, "checkpoint", "twice", "-o", str(tmp_path / "second"),
                                 check=False)
@@ -113,7 +115,7 @@ def test_two_containerds_with_the_same_names_keep_apart(world: World, node: Node
     twin.start()
     twin.ctr("images", "import", str(world.image_tar))
     pair = {"a": node, "twin": twin}
-    with containers(node) as on_a, containers(twin) as on_twin:
+    with containers(node) as on_a, containers(twin) as on_twin, reaped() as started:
         on_a += ["same", "same-b"]
         on_twin += ["same", "same-b"]
         for label, n in pair.items():
@@ -126,6 +128,7 @@ def test_two_containerds_with_the_same_names_keep_apart(world: World, node: Node
             wait_counter_above(n, "same", 3)
         clis = {label: start_torpor(n, "checkpoint", "same", "-o", str(tmp_path / label))
                 for label, n in pair.items()}
+        started += clis.values()
         for cli in clis.values():
             _, err = cli.communicate(timeout=120)
             assert cli.returncode == 0, err
@@ -135,6 +138,7 @@ def test_two_containerds_with_the_same_names_keep_apart(world: World, node: Node
         restores = {label: start_torpor(n, "restore", str(tmp_path / label), "--name", "same-b",
                                         *own_root[label])
                     for label, n in pair.items()}
+        started += restores.values()
         for cli in restores.values():
             _, err = cli.communicate(timeout=120)
             assert cli.returncode == 0, err

@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import wait_for
+from .support.processes import reaped, wait_for
 from .support.registry import Registry
 from .support.workload import (
     COUNTER,
@@ -316,7 +316,7 @@ def test_replicas_restored_at_once_download_one_copy(
     name = "replicas"
     ref = f"{registry.host}/gen/{name}:1"
     replicas = [f"replica-{n}" for n in range(4)]
-    with containers(a) as on_a, containers(b) as on_b:
+    with containers(a) as on_a, containers(b) as on_b, reaped() as started:
         on_a.append(name)
         a.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c",
               f"memhog {MEMORY_MIB // 2} & {COUNTER}")
@@ -328,9 +328,9 @@ def test_replicas_restored_at_once_download_one_copy(
 
         mark = registry.log_mark()
         on_b += replicas
-        started = [subprocess.Popen([str(b.bin_dir / "torpor"), "restore", ref, "--name", r],
-                                    env=b.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True) for r in replicas]
+        started += [subprocess.Popen([str(b.bin_dir / "torpor"), "restore", ref, "--name", r],
+                                     env=b.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True) for r in replicas]
         outputs = [p.communicate(timeout=300)[0] for p in started]
         assert [p.returncode for p in started] == [0] * 4, outputs
         blob_gets = [r.rsplit("/", 1)[1] for r in registry.requests_since(mark)

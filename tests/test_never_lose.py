@@ -24,7 +24,7 @@ import pytest
 from .conftest import Nodes
 from .support.containerd import Node
 from .support.crash_disk import crash_disk
-from .support.processes import stop, wait_for
+from .support.processes import reaped, stop, wait_for
 from .support.registry import Registry, docker_config
 from .support.tcp_proxy import DroppingProxy
 from .support.workload import (
@@ -174,11 +174,12 @@ def test_sigkill_of_torpor_at_each_step(fnode: Node, registry: Registry, tmp_pat
                                         step: str) -> None:
     _, flags = KILL_AT[step]
     args = [f.format(tmp=tmp_path, registry=registry.host) for f in flags]
-    with containers(fnode) as names:
+    with containers(fnode) as names, reaped() as started:
         name = f"kill-{step}"
         before = counter(fnode, names, name)
         with held(fnode, step) as reached:
             cli = start_torpor(fnode, "checkpoint", name, *args)
+            started.append(cli)
             reached()
             kill(cli)
         # the next torpor finishes what the killed one left: the container runs on
@@ -192,10 +193,11 @@ def test_sigkill_of_torpor_at_each_step(fnode: Node, registry: Registry, tmp_pat
 
 def test_sigkill_after_the_commit_keeps_the_checkpoint(fnode: Node, tmp_path: Path) -> None:
     """Killed once CRIU was told to stop the container: the checkpoint is whole and restores."""
-    with containers(fnode) as names:
+    with containers(fnode) as names, reaped() as started:
         before = counter(fnode, names, "kill-committed")
         with held(fnode, "committed") as reached:
             cli = start_torpor(fnode, "checkpoint", "kill-committed", "-o", str(tmp_path / "ck"))
+            started.append(cli)
             reached()
             kill(cli)
         done = recover(fnode)
@@ -230,13 +232,14 @@ def test_a_killed_checkpoint_never_stops_its_container_later(fnode: Node, tmp_pa
     hook) goes on after the recovery, past every timeout: the container still runs and counts
     (a container once found stopped two minutes after such a recovery, issue 20)."""
     hook_hold = LATE[step]
-    with containers(fnode) as names, contextlib.ExitStack() as holds:
+    with containers(fnode) as names, reaped() as started, contextlib.ExitStack() as holds:
         name = f"late-{step}"
         before = counter(fnode, names, name)
         if hook_hold is not None:
             holds.enter_context(held(fnode, "post-dump", timeout=hook_hold))
         reached = holds.enter_context(held(fnode, step))
         cli = start_torpor(fnode, "checkpoint", name, "-o", str(tmp_path / "ck"))
+        started.append(cli)
         reached()
         kill(cli)
         done = recover(fnode)  # while the runtime, or CRIU's hook, still waits
@@ -271,11 +274,13 @@ def test_a_power_loss_while_criu_holds_the_dump_leaves_the_dump_whole(
     """Before the commit, CRIU holding the dumped container: a power loss now finds CRIU's
     images whole on the disk (synced at post-dump, so a kept dump is a real one); the killed
     checkpoint then rolls back and the container runs on."""
-    with containers(fnode) as names, crash_disk(tmp_path / "crash") as disk:
+    with containers(fnode) as names, crash_disk(tmp_path / "crash") as disk, \
+            reaped() as started:
         name = "power-loss-held"
         before = counter(fnode, names, name)
         with held(fnode, "writing") as reached:
             cli = start_torpor(fnode, "checkpoint", name, "-o", str(disk.mount / "ck"))
+            started.append(cli)
             reached()
             live = {p.name: p.read_bytes() for p in (disk.mount / "ck" / "criu").iterdir()}
             after = disk.crash()
@@ -313,7 +318,7 @@ def fill(directory: Path) -> None:
 @pytest.mark.parametrize("stage", ["dump", "metadata", "compression"])
 def test_a_full_disk_at_each_stage(fnode: Node, tmp_path: Path, stage: str) -> None:
     with containers(fnode) as names, tmpfs(tmp_path / "small", "64k" if stage != "metadata"
-                                           else "16m") as small:
+                                           else "16m") as small, reaped() as started:
         name = f"full-{stage}"
         before = counter(fnode, names, name)
         if stage == "dump":        # CRIU's images do not fit
@@ -321,6 +326,7 @@ def test_a_full_disk_at_each_stage(fnode: Node, tmp_path: Path, stage: str) -> N
         elif stage == "metadata":  # the disk fills up while CRIU holds the dumped container
             with held(fnode, "writing") as reached:
                 cli = start_torpor(fnode, "checkpoint", name, "-o", str(small / "ck"))
+                started.append(cli)
                 reached()
                 fill(small)
             out, err = cli.communicate(timeout=120)
@@ -348,11 +354,12 @@ def restart_containerd(node: Node) -> None:
 @pytest.mark.parametrize("step", ["frozen", "dumped"])
 def test_containerd_restart_mid_checkpoint(fnode: Node, tmp_path: Path, step: str) -> None:
     """Restarted while torpor-runc holds the container frozen, or while CRIU holds its dump."""
-    with containers(fnode) as names:
+    with containers(fnode) as names, reaped() as started:
         name = f"restart-{step}"
         before = counter(fnode, names, name)
         with held(fnode, step) as reached:
             cli = start_torpor(fnode, "checkpoint", name, "-o", str(tmp_path / "ck"))
+            started.append(cli)
             reached()
             restart_containerd(fnode)
         _, err = cli.communicate(timeout=120)

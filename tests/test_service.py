@@ -21,7 +21,7 @@ from torpor import handoff
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import free_port, kill_pid, wait_for
+from .support.processes import free_port, kill_pid, reaped, wait_for
 from .support.registry import Registry
 from .support.torpord import Torpord
 from .support.workload import (
@@ -272,7 +272,7 @@ def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
     (stopped, its checkpoint whole) or running, never frozen. Runs last: it restarts torpord."""
     node = service_node
     name = "svc-killed"
-    with containers(node) as names:
+    with containers(node) as names, reaped() as started:
         names += [name]
         node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
         wait_counter_above(node, name, 5)
@@ -280,6 +280,7 @@ def test_a_killed_service_leaves_the_checkpoint_done_and_nothing_frozen(
         cli = subprocess.Popen([str(node.bin_dir / "torpor"), "checkpoint", name, "-o",
                                 str(tmp_path / "ck")], env=node.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
+        started.append(cli)
         wait_for(torpord.children, timeout=30, interval=0.01, what="the checkpoint's child")
         time.sleep(0.3)  # into the checkpoint: the container's record, the dump
         kill_pid(torpord.pid)
@@ -306,7 +307,7 @@ def test_a_killed_service_leaves_a_restore_whole_or_nothing(
     failed and left no container or task behind."""
     node = service_node
     name, restored = "svc-killed-r", "svc-killed-r2"
-    with containers(node) as names:
+    with containers(node) as names, reaped() as started:
         names += [name, restored]
         node.ctr("run", "-d", *SHIM, str(test_image["name"]), name, "sh", "-c", COUNTER)
         before = wait_counter_above(node, name, 5)
@@ -315,6 +316,7 @@ def test_a_killed_service_leaves_a_restore_whole_or_nothing(
         cli = subprocess.Popen([str(node.bin_dir / "torpor"), "restore", str(tmp_path / "ck"),
                                 "--name", restored], env=node.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
+        started.append(cli)
         wait_for(torpord.children, timeout=30, interval=0.01, what="the restore's child")
         time.sleep(0.3)  # into the restore: the image unpacked, the task being made
         kill_pid(torpord.pid)

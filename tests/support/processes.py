@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
@@ -44,6 +46,24 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout)
+
+
+@contextlib.contextmanager
+def reaped(*procs: subprocess.Popen[Any], timeout: float = 60.0
+           ) -> Iterator[list[subprocess.Popen[Any]]]:
+    """The processes we started (these, and those the block adds to the list it is given) have
+    ended and are reaped when the block ends, however it ends: one still running then (a test
+    that failed midway) is SIGKILLed, by its Popen, and reaped. One the block waited for
+    itself is left as it was."""
+    started = list(procs)
+    try:
+        yield started
+    finally:
+        running = [proc for proc in started if proc.poll() is None]
+        for proc in running:
+            proc.kill()
+        for proc in running:
+            proc.communicate(timeout=timeout)
 
 
 def kill_pid(pid: int) -> None:
