@@ -37,7 +37,7 @@ from ..gpu_fakes import (
 )
 from ..support import images
 from ..support.containerd import Node
-from ..support.processes import kill_pid, wait_for
+from ..support.processes import kill_pid, reaped, wait_for
 
 pytestmark = pytest.mark.real
 
@@ -502,17 +502,19 @@ def test_torpor_runc_killed_mid_checkpoint_is_undone_by_its_guardian(
     hold.parent.mkdir(parents=True, exist_ok=True)
     hold.touch()
     try:
-        ctr = subprocess.Popen(
-            ["ctr", "--address", gpus.node.address, "--namespace", gpus.node.namespace,
-             "containers", "checkpoint", "--task", name, f"localhost/torpor-test/ck/{name}:1"],
-            env=gpus.node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        pid_file = Path(f"{hold}.pid")
-        wait_for(pid_file.exists, timeout=60, what="torpor-runc to reach the frozen step")
-        pids = {t: gpus.fake.calls(token=t)[0].pid for t in (token, f"{token}-1")}
-        assert all(gpus.mirrored(t) == "CHECKPOINTED" for t in pids)  # (it is frozen)
-        kill_pid(int(pid_file.read_text()))
-        ctr.communicate(timeout=60)
-        assert ctr.returncode != 0
+        with reaped() as started:
+            ctr = subprocess.Popen(
+                ["ctr", "--address", gpus.node.address, "--namespace", gpus.node.namespace,
+                 "containers", "checkpoint", "--task", name, f"localhost/torpor-test/ck/{name}:1"],
+                env=gpus.node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            started.append(ctr)
+            pid_file = Path(f"{hold}.pid")
+            wait_for(pid_file.exists, timeout=60, what="torpor-runc to reach the frozen step")
+            pids = {t: gpus.fake.calls(token=t)[0].pid for t in (token, f"{token}-1")}
+            assert all(gpus.mirrored(t) == "CHECKPOINTED" for t in pids)  # (it is frozen)
+            kill_pid(int(pid_file.read_text()))
+            ctr.communicate(timeout=60)
+            assert ctr.returncode != 0
     finally:
         hold.unlink(missing_ok=True)
         Path(f"{hold}.pid").unlink(missing_ok=True)
@@ -684,11 +686,12 @@ def test_torpor_runc_killed_while_a_lock_takes_effect(gpus: GpuNode,
          "containers", "checkpoint", "--task", name, f"localhost/torpor-test/ck/{name}:1"],
         env=gpus.node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: any(c.fields.get("note") == "hangs-after-taking-effect"
-                             for c in gpus.fake.calls("lock", token=second)),
-                 timeout=30, what="the second lock to take effect")
-        kill_pid(torpor_runc_pid(name))
-        ctr.communicate(timeout=60)
+        with reaped(ctr):
+            wait_for(lambda: any(c.fields.get("note") == "hangs-after-taking-effect"
+                                 for c in gpus.fake.calls("lock", token=second)),
+                     timeout=30, what="the second lock to take effect")
+            kill_pid(torpor_runc_pid(name))
+            ctr.communicate(timeout=60)
     finally:
         gpus.fake.clear(second)
     assert ctr.returncode != 0
