@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import wait_for
+from .support.processes import reaped, wait_for
 from .support.registry import Registry
 from .support.tcp_proxy import ThrottledProxy
 from .support.workload import containers, exec_out, read_file, task_status
@@ -141,22 +141,18 @@ def arriving(nodes: tuple[Node, Node], registry: Registry, image: str, name: str
     a, b = nodes
     repo = f"lazy/{name}:1"
     proxy = ThrottledProxy(int(registry.host.rsplit(":", 1)[1]), 8 << 20)
-    restore: subprocess.Popen[str] | None = None
     try:
-        with containers(a) as on_a, containers(b) as on_b:
+        # a test that failed midway: the restore it started ends before b's state goes
+        with containers(a) as on_a, containers(b) as on_b, reaped() as started:
             on_a.append(name)
             start_memhog(a, image, name, MIB)
             run_torpor(a, "checkpoint", name, "-t", f"{registry.host}/{repo}", "--push")
             on_b.append(name)
-            try:
-                restore, said = restore_until(b, "its memory is arriving",
-                                              f"{proxy.host}/{repo}", "--lazy")
-                assert "its memory is arriving" in "".join(said), said
-                yield restore, said, proxy
-            finally:   # a test that failed midway: the restore it started ends before b's state
-                if restore is not None and restore.poll() is None:
-                    restore.kill()
-                    restore.communicate(timeout=60)
+            restore, said = restore_until(b, "its memory is arriving", f"{proxy.host}/{repo}",
+                                          "--lazy")
+            started.append(restore)
+            assert "its memory is arriving" in "".join(said), said
+            yield restore, said, proxy
     finally:
         proxy.close()
 
