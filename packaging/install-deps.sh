@@ -255,7 +255,7 @@ install_criu() {
         || { tail -n 30 "$STATE/criu-build.log" >&2; die "criu build failed (log: $STATE/criu-build.log)"; }
     install -D -m 0755 "$src/criu/criu" "$PREFIX/sbin/criu"
     mkdir -p "$DEPS"
-    criu_build_id >"$DEPS/criu.build"
+    criu_build_id >"$stamp"
     rm -rf "$src"
     log "installed $("$PREFIX/sbin/criu" --version | head -n1) to $PREFIX/sbin/criu"
 }

@@ -22,7 +22,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import wait_for
+from .support.processes import parent_of, wait_for
 from .support.torpord import Torpord
 from .support.workload import (
     COUNTER,
@@ -117,11 +117,6 @@ def container_processes(cgroup_file: Path) -> list[int]:
             procs = Path(base + path) / "cgroup.procs"
             return [int(p) for p in procs.read_text().split()] if procs.exists() else []
     return []
-
-
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rfind(")") + 2:].split()[1])
 
 
 def alive(pid: int) -> bool:

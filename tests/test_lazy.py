@@ -20,7 +20,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import reaped, wait_for
+from .support.processes import parent_of, pids_with_arg, reaped, wait_for
 from .support.registry import Registry
 from .support.tcp_proxy import ThrottledProxy
 from .support.workload import containers, exec_out, read_file, task_status
@@ -182,10 +182,9 @@ def test_torpor_ls_shows_how_much_memory_is_in(
 
 def lazy_pages_daemon(restore: subprocess.Popen[str]) -> int:
     """The pid of the `criu lazy-pages` this (in-process) restore started."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in pids_with_arg("lazy-pages"):
         with contextlib.suppress(OSError):
-            pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == restore.pid and b"lazy-pages" in (stat.parent / "cmdline").read_bytes():
+            if parent_of(pid) == restore.pid:
                 return pid
     raise AssertionError(f"no criu lazy-pages under torpor restore (pid {restore.pid})")
 

@@ -21,7 +21,7 @@ from torpor import handoff
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import free_port, kill_pid, reaped, wait_for
+from .support.processes import free_port, kill_pid, parent_of, reaped, wait_for
 from .support.registry import Registry
 from .support.torpord import Torpord
 from .support.workload import (
@@ -382,7 +382,7 @@ def test_torpor_runc_restores_through_the_service_below_the_shim(
         torpor(node, "restore", str(tmp_path / "ck"), "--name", restored)
         wait_counter_above(node, restored, counted + 3)
         init = task_pid(node, restored)
-        parent = int(Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        parent = parent_of(init)
         assert Path(f"/proc/{parent}/comm").read_text().strip() == "containerd-shim"
         os.kill(init, signal.SIGKILL)   # the restored container's own init: its end is seen
         wait_for(lambda: task_status(node, restored) == "STOPPED", timeout=30,

@@ -73,6 +73,12 @@ def kill_pid(pid: int) -> None:
         pass
 
 
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
 def pids_with_arg(arg: str) -> list[int]:
     """Pids whose command line holds `arg` exactly (e.g. our private containerd's socket)."""
     found = []
