@@ -8,6 +8,7 @@ are generous.
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import itertools
 import json
@@ -528,6 +529,39 @@ def test_a_vouched_chunk_still_has_its_length_and_size_checked() -> None:
         decode_chunk(squeezed, short, "sha256:p", zstd, {(digest, 0, len(squeezed), 4095)})
 
 
+@pytest.mark.parametrize("length", [1, 4096, (128 << 10) - 1, 128 << 10, (128 << 10) + 1,
+                                    256 << 10, (384 << 10) + 4096, 1 << 20])
+def test_where_a_raw_frames_bytes_lie_in_its_pack_and_any_other_frame_is_not_read_so(
+        tmp_path: Path, length: int) -> None:
+    """`raw_spans` gives the ranges of the pack that hold a raw frame's bytes (what a lazy
+    restore sends from the file), at block edges included; a frame whose header or any block
+    header differs from torpor's is not read as raw."""
+    from torpor.image.packfile import raw_frame, raw_spans
+
+    plain = random_bytes(length, length)
+    frame = b"".join(bytes(p) for p in raw_frame(memoryview(plain)))
+    path = tmp_path / "pack"
+    path.write_bytes(b"x" * 77 + frame + b"y" * 5)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        spans = raw_spans(fd, 77, length)
+        assert spans is not None
+        assert b"".join(os.pread(fd, n, at) for at, n in spans) == plain
+        headers = [at - 3 for at, _ in spans] + [77 + i for i in range(9)]
+        for at in headers:
+            data = bytearray(path.read_bytes())
+            data[at] ^= 0x01
+            (tmp_path / "forged").write_bytes(data)
+            forged = os.open(tmp_path / "forged", os.O_RDONLY)
+            try:
+                assert raw_spans(forged, 77, length) is None, at
+            finally:
+                os.close(forged)
+        assert raw_spans(fd, 77, length + 1) is None
+    finally:
+        os.close(fd)
+
+
 def misdirected(tmp_path: Path) -> tuple[ChunkIndex, bytes]:
     """A pack of sixteen 64 KiB random chunks (raw frames, all one length) whose chunk index
     points the second chunk's record at the first chunk's frame: the pack and its digest are
@@ -604,6 +638,7 @@ def test_a_page_source_reads_ahead_from_packs_at_hand_and_refuses_a_damaged_chun
             break
         at += gen.index.chunks[n].plain_length if n >= 0 else -n
     assert at > 0 and at + AHEAD_AT_HAND + MIB < len(data)
+    gc.collect()   # an earlier test's failure traceback may still hold a pack open
     fds = len(os.listdir("/proc/self/fd"))
     source = ChunkSource(gen.index, lambda digest, size: str(
         tmp_path / "packs" / digest.removeprefix("sha256:")), None, lambda: float("inf"))

@@ -5,9 +5,12 @@ requests, and what is kept is whole."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -17,8 +20,9 @@ import pytest
 
 from torpor.errors import DigestMismatch, ImageError
 from torpor.formats.chunk_index import ChunkIndex, FileRecord
+from torpor.image.packfile import raw_frame_length
 from torpor.image.packs import PackSizing, write_generation
-from torpor.lazy import chunks, keep
+from torpor.lazy import chunks, keep, pieces
 from torpor.lazy.chunks import ChunkSource
 from torpor.lazy.keep import PackDownload
 from torpor.registry.arrivals import Arrivals
@@ -127,7 +131,7 @@ def following(index: ChunkIndex, registry: Registry, arrivals: Arrivals) -> Chun
 
 
 def read(source: ChunkSource, record: FileRecord, offset: int, length: int) -> bytes:
-    return b"".join(bytes(piece) for piece in source.read(record, offset, length))
+    return b"".join(pieces.contents(piece) for piece in source.read(record, offset, length))
 
 
 def test_background_reads_wait_for_their_pack_whole_and_faults_do_not(
@@ -365,3 +369,121 @@ def test_a_slow_pack_that_still_grows_is_waited_for(
         thread.join()
     assert registry.asked == []
     source.close()
+
+
+def sent_through_a_socket(answer: list[pieces.Piece], timeout: float | None = None) -> bytes:
+    """What CRIU's end of the page server's socket receives for `answer` (sent with
+    `timeout`: the socket non-blocking underneath)."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(timeout)
+    received = bytearray()
+
+    def receive() -> None:
+        while piece := theirs.recv(1 << 20):
+            received.extend(piece)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    try:
+        pieces.send(ours, answer)
+    finally:
+        ours.close()
+        thread.join()
+        theirs.close()
+    return bytes(received)
+
+
+def test_raw_chunks_of_a_checked_pack_go_out_from_its_file_byte_for_byte(
+        tmp_path: Path, built: Built) -> None:
+    """Once the download has brought every pack whole and checked it, memory that did not
+    compress is answered as ranges of the packs' files (sent by the kernel, never read into
+    torpor), and CRIU's end receives exactly the pages, whatever the range's edges."""
+    data, index, packs = built
+    registry, arrivals = Registry(packs), Arrivals()
+    source = following(index, registry, arrivals)
+    into = tmp_path / "download"
+    into.mkdir()
+    downloading(index, packs, into, arrivals).join()
+    record = index.files[0]
+    for offset, length in ((0, len(data)), (4096, 3 * MIB), (5000, len(data) - 9000)):
+        answer = source.read(record, offset, length)
+        assert all(isinstance(piece, pieces.FileRange) for piece in answer)
+        assert sent_through_a_socket(answer) == data[offset:offset + length]
+    assert registry.asked == []
+    source.close()
+
+
+def test_a_raw_frame_with_a_forged_block_header_is_refused_though_its_pack_checks(
+        tmp_path: Path, built: Built) -> None:
+    """A pack made with a raw chunk's block header altered, its digest then taken of what it
+    holds (a signer's own damage): the download checks it whole, its own index still lists
+    the chunk, yet its bytes are not sent as they lie; the chunk is decoded, and refused."""
+    _, index, packs = built
+    record = index.files[0]
+    chunk = index.chunks[record.extents[0]]
+    pack = index.packs[chunk.pack]
+    assert chunk.length == raw_frame_length(chunk.plain_length)   # random memory: raw
+    forged = bytearray(pack_file(packs, pack.digest).read_bytes())
+    forged[chunk.offset + 9] ^= 0x08   # the first block says one byte more
+    digest = "sha256:" + hashlib.sha256(forged).hexdigest()
+    path = tmp_path / digest.split(":")[1]
+    path.write_bytes(forged)
+    all_packs = list(index.packs)
+    all_packs[chunk.pack] = dataclasses.replace(pack, digest=digest)
+    index = dataclasses.replace(index, packs=tuple(all_packs))
+    arrivals = Arrivals()
+    arrivals.arrived(digest, str(path))
+    source = following(index, Registry(packs), arrivals)
+    with pytest.raises(DigestMismatch):
+        source.read(record, 0, 4096)
+    source.close()
+
+
+def test_raw_and_compressed_chunks_of_one_pack_come_out_in_order(tmp_path: Path) -> None:
+    """Memory that compresses and memory that does not, side by side in the same packs: once
+    checked, the raw chunks go out from the file and the others decoded, in one answer, and
+    the pages arrive exactly, through a socket with a timeout too."""
+    rng = random.Random(7)
+    data = b"".join(rng.randbytes(256 << 10) if n % 2 else (b"torpor %d " % n) * 26000
+                    for n in range(16))[:4 * MIB]
+    root = tmp_path / "generation"
+    (root / "criu").mkdir(parents=True)
+    (root / "criu" / "pages-1.img").write_bytes(data)
+    (tmp_path / "packs").mkdir()
+    index = write_generation(str(root), ["criu/pages-1.img"], str(tmp_path / "packs"),
+                             sizing=PackSizing(smallest=MIB, largest=MIB, per_file=1)).index
+    raw = {n for n, c in enumerate(index.chunks) if c.length == raw_frame_length(c.plain_length)}
+    assert raw and len(raw) < len(index.chunks)
+    arrivals = Arrivals()
+    for pack in index.packs:
+        arrivals.arrived(pack.digest, str(pack_file(tmp_path / "packs", pack.digest)))
+    source = following(index, Registry(tmp_path / "packs"), arrivals)
+    answer = source.read(index.files[0], 4096, len(data) - 8192)
+    assert {type(piece) for piece in answer} == {pieces.FileRange, memoryview}
+    assert sent_through_a_socket(answer, timeout=5.0) == data[4096:-4096]
+    source.close()
+
+
+def test_an_answer_still_going_out_when_the_source_closes_reads_its_own_pack(
+        tmp_path: Path, built: Built) -> None:
+    """A pack's file stays open while a piece of an answer names it, even past the page
+    source's close (no other file can take its descriptor number), and closes after."""
+    data, index, packs = built
+    arrivals = Arrivals()
+    for pack in index.packs:
+        arrivals.arrived(pack.digest, str(pack_file(packs, pack.digest)))
+    source = following(index, Registry(packs), arrivals)
+    answer = source.read(index.files[0], 0, MIB)
+    fds = {piece.file.fd for piece in answer if isinstance(piece, pieces.FileRange)}
+    assert fds
+    source.close()
+    others = [os.open(pack_file(packs, p.digest), os.O_RDONLY) for p in index.packs]
+    try:
+        assert sent_through_a_socket(answer) == data[:MIB]
+    finally:
+        for fd in others:
+            os.close(fd)
+    del answer
+    for fd in fds:   # closed: gone, or another file's now
+        with contextlib.suppress(FileNotFoundError):
+            assert not os.readlink(f"/proc/self/fd/{fd}").startswith(str(packs))

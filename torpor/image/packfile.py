@@ -64,6 +64,24 @@ def _block_header(length: int, last: bool) -> bytes:
     return (length << 3 | int(last)).to_bytes(3, "little")  # block type 0: Raw
 
 
+def raw_spans(fd: int, offset: int, plain_length: int) -> list[tuple[int, int]] | None:
+    """Where the bytes of the raw frame of `plain_length` bytes at `offset` of the file open
+    at `fd` lie, as (offset, length) in the file, its frame and block headers read and checked;
+    None when what is there is not that frame (a decompressor is then to read it)."""
+    first = min(RAW_BLOCK, plain_length)
+    if os.pread(fd, 12, offset) != _raw_header(plain_length) + \
+            _block_header(first, first == plain_length):
+        return None
+    spans, at = [(offset + 12, first)], offset + 12 + first
+    for start in range(RAW_BLOCK, plain_length, RAW_BLOCK):
+        length = min(RAW_BLOCK, plain_length - start)
+        if os.pread(fd, 3, at) != _block_header(length, start + length == plain_length):
+            return None
+        spans.append((at + 3, length))
+        at += 3 + length
+    return spans
+
+
 def raw_frame(data: memoryview) -> list[bytes | memoryview]:
     """The pieces of the raw zstd frame of `data` (header, block headers, slices of `data`)."""
     n = len(data)

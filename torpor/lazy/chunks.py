@@ -19,7 +19,10 @@ that download is the read-ahead. CRIU's background transfer waits, in the page s
 thread, for its pack to be whole and its digest checked, as long as the download moves (a
 download that writes nothing for a second is passed by a range request), and its chunks are
 then not hashed again where the pack's own index vouches for them (decode_chunk's
-`vouched`). A page fault (a request of less than URGENT_BYTES) does not wait: its chunk is
+`vouched`). Such a pack stays open, and a chunk of it stored raw (memory that did not
+compress) is answered as where its bytes lie in the file (`InPack`, its frame's headers read
+and checked), for the page server to send from the page cache (pieces.py) without reading
+them into torpor. A page fault (a request of less than URGENT_BYTES) does not wait: its chunk is
 read from the pack's file if the download has written it (then checked against its own
 sha256, as a range's), else by a range request at once. CRIU reads the answers in the
 order it asked, so a fault's answer can still wait behind a background one. Once the
@@ -43,7 +46,9 @@ import zstandard
 
 from torpor.errors import DeadlineExceeded, DigestMismatch, ImageError, RegistryError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
+from torpor.image.packfile import raw_frame_length, raw_spans
 from torpor.image.reassemble import Vouched, decode_chunk, vouched_chunks
+from torpor.lazy.pieces import FileRange, OpenFile, Piece, contents
 from torpor.registry.arrivals import Arrivals
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
@@ -53,11 +58,63 @@ RUN_BYTES = 8 << 20       # one range request at most
 READ_AHEAD = 64 << 20     # fetched behind each read, of the same file, by range requests
 AHEAD_AT_HAND = 16 << 20  # ... or from packs at hand (each chunk hashed on a fetcher)
 FETCHERS = 6
+KEPT_PACKS = 64           # checked packs kept open (each also while a chunk of it is cached)
 WAIT_S = 600.0            # the most a request waits for the download before asking by range
 STALL_S = 1.0             # ... or once the download has written nothing for this long
 PACK_STALL_S = 10.0       # ... or the pack's own download nothing, while others move
 URGENT_BYTES = 64 << 10   # less is a page fault (CRIU asks for one page); more, its background
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True)
+class InPack:
+    """A raw chunk where it lies in a pack this restore checked whole: the (offset, length)
+    of its bytes in the pack's `file`. Sent from there (pieces.py)."""
+    file: OpenFile
+    spans: tuple[tuple[int, int], ...]
+
+    @property
+    def size(self) -> int:
+        return sum(length for _, length in self.spans)
+
+    def ranges(self, lo: int, hi: int) -> list[FileRange]:
+        """The file ranges of the chunk's bytes `lo` to `hi`, asked of the disk now if they
+        are not in the page cache (the page server's sender is to find them there)."""
+        out, at = [], 0
+        for offset, length in self.spans:
+            a, b = max(lo, at), min(hi, at + length)
+            if a < b:
+                out.append(FileRange(self.file, offset + a - at, b - a))
+            at += length
+        if out:
+            os.posix_fadvise(self.file.fd, out[0].offset,
+                             out[-1].offset + out[-1].length - out[0].offset,
+                             os.POSIX_FADV_WILLNEED)
+        return out
+
+    def read(self) -> bytes:
+        return b"".join(contents(r) for r in self.ranges(0, self.size))
+
+
+@dataclass(frozen=True)
+class CheckedPack:
+    """A pack this restore's download brought whole, its digest checked, open; `vouched`: its
+    own index (None when it has none: its chunks are then hashed)."""
+    file: OpenFile
+    vouched: Vouched | None
+
+    def in_pack(self, chunk: ChunkRecord) -> InPack | None:
+        """The chunk where it lies, if its pack's own index lists it there and it is stored
+        raw, its frame's headers as torpor writes them; else None (read and decoded)."""
+        if self.vouched is None or chunk.length != raw_frame_length(chunk.plain_length) or \
+                (chunk.digest, chunk.offset, chunk.length, chunk.plain_length) \
+                not in self.vouched:
+            return None
+        spans = raw_spans(self.file.fd, chunk.offset, chunk.plain_length)
+        return None if spans is None else InPack(self.file, tuple(spans))
+
+
+Chunk = bytes | InPack
 
 
 @dataclass
@@ -75,7 +132,7 @@ class ChunkSource:
         self.index, self._local, self._remote, self._give_up_at = index, local, remote, give_up_at
         self.counts = Counts()
         self._fds: dict[int, int] = {}
-        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._cache: OrderedDict[int, Chunk] = OrderedDict()
         self._cached = 0
         self._lock = threading.Lock()
         self._zstd = threading.local()
@@ -84,7 +141,7 @@ class ChunkSource:
         self._pool = ThreadPoolExecutor(FETCHERS, thread_name_prefix="torpor-chunks")
         self._starts: dict[str, list[int]] = {}
         self._arrivals: Arrivals | None = None
-        self._vouched: dict[int, Vouched | None] = {}   # packs whole and checked: own index
+        self._checked: OrderedDict[int, CheckedPack] = OrderedDict()  # brought, checked: open
         self._not_local: set[int] = set()                # packs the store does not hold
         self._closed = False
 
@@ -97,26 +154,33 @@ class ChunkSource:
         with self._lock:
             self._closed = True   # a read ahead still running opens no pack from now on
             fds, self._fds = self._fds, {}
+            self._checked.clear()   # each closes once no piece still being sent names it
+            self._cache.clear()
         for fd in fds.values():
             os.close(fd)
 
-    def read(self, record: FileRecord, offset: int, length: int) -> list[bytes | memoryview]:
+    def read(self, record: FileRecord, offset: int, length: int) -> list[Piece]:
         """`length` bytes of the file `record` from `offset` (its chunks and zero runs), as
-        the pieces to send one after the other (no copy of the chunks)."""
+        the pieces to send one after the other (no copy of the chunks; a raw chunk of a pack
+        checked whole, as the ranges of the pack's file it lies in)."""
         starts = self._extent_starts(record)
         end = offset + length
         first = bisect.bisect_right(starts, offset) - 1
         last = bisect.bisect_left(starts, end)
         pieces = [(record.extents[n], starts[n]) for n in range(max(first, 0), last)]
         chunks = self._get([e for e, _ in pieces if e >= 0], urgent=length < URGENT_BYTES)
-        out: list[bytes | memoryview] = []
+        out: list[Piece] = []
         total = 0
         for extent, start in pieces:
             size = -extent if extent < 0 else self.index.chunks[extent].plain_length
             lo, hi = max(offset, start), min(end, start + size)
             if lo < hi:
-                out.append(bytes(hi - lo) if extent < 0 else
-                           memoryview(chunks[extent])[lo - start:hi - start])
+                chunk = bytes(hi - lo) if extent < 0 else chunks[extent]
+                if isinstance(chunk, InPack):
+                    out += chunk.ranges(lo - start, hi - start)
+                else:
+                    out.append(memoryview(chunk)[lo - start:hi - start] if extent >= 0
+                               else chunk)
                 total += hi - lo
         if total != length:
             raise DigestMismatch(f"{record.name} ends before byte {end} a lazy restore asked for")
@@ -158,12 +222,13 @@ class ChunkSource:
 
     def chunk_of(self, record: ChunkRecord) -> bytes:
         number = self._numbers[record.digest]
-        return self._get([number])[number]
+        chunk = self._get([number])[number]
+        return chunk.read() if isinstance(chunk, InPack) else chunk
 
-    def _get(self, numbers: list[int], urgent: bool = True) -> dict[int, bytes]:
+    def _get(self, numbers: list[int], urgent: bool = True) -> dict[int, Chunk]:
         """The chunks `numbers`, fetched (in runs, at once) where not cached or on their way;
         `urgent`: not waiting for the packs' download."""
-        found: dict[int, bytes] = {}
+        found: dict[int, Chunk] = {}
         waiting: list[tuple[int, Future[None]]] = []
         missing: list[int] = []
         with self._lock:
@@ -250,10 +315,10 @@ class ChunkSource:
                 for n, data in got.items():
                     if n not in self._cache:
                         self._cache[n] = data
-                        self._cached += len(data)
+                        self._cached += _held(data)
                 while self._cached > CACHE_BYTES and len(self._cache) > 1:
                     _, old = self._cache.popitem(last=False)
-                    self._cached -= len(old)
+                    self._cached -= _held(old)
         finally:
             with self._lock:
                 for n in run:
@@ -265,8 +330,9 @@ class ChunkSource:
         decoder: zstandard.ZstdDecompressor = self._zstd.d
         return decoder
 
-    def _fetch_run(self, run: list[int], urgent: bool = True) -> dict[int, bytes]:
-        """The chunks of one run (back to back in one pack), each verified."""
+    def _fetch_run(self, run: list[int], urgent: bool = True) -> dict[int, Chunk]:
+        """The chunks of one run (back to back in one pack), each verified; those stored raw
+        in a pack the download checked whole, as where they lie in it."""
         records = [self.index.chunks[n] for n in run]
         pack = self.index.packs[records[0].pack]
         start = records[0].offset
@@ -274,29 +340,37 @@ class ChunkSource:
         fd = self._open_local(records[0].pack)
         span: bytes | bytearray | None
         vouched: Vouched | None = None   # the pack's own index, its digest checked here
+        placed: dict[int, Chunk] = {}
         if fd is not None:
             span = os.pread(fd, length, start)
             with self.counts.lock:
                 self.counts.local_bytes += len(span)
         elif (arrived := self._arriving(records[0].pack, start, length, urgent)) is not None:
-            span, vouched = arrived
             with self.counts.lock:
-                self.counts.streamed_bytes += len(span)
+                self.counts.streamed_bytes += length
+            if isinstance(arrived, CheckedPack):
+                placed = {n: c for n, r in zip(run, records, strict=True)
+                          if (c := arrived.in_pack(r)) is not None}
+                if len(placed) == len(run):
+                    return placed
+                span, vouched = os.pread(arrived.file.fd, length, start), arrived.vouched
+            else:
+                span = arrived
         else:
             span = self._remote_span(pack.digest, start, length, records[0])
         view = memoryview(span)
-        return {n: decode_chunk(view[r.offset - start:r.offset - start + r.length], r,
-                                pack.digest, self._decoder(), vouched)
-                for n, r in zip(run, records, strict=True)}
+        return placed | {n: decode_chunk(view[r.offset - start:r.offset - start + r.length], r,
+                                         pack.digest, self._decoder(), vouched)
+                         for n, r in zip(run, records, strict=True) if n not in placed}
 
     def _arriving(self, number: int, start: int, length: int,
-                  urgent: bool) -> tuple[bytes, Vouched | None] | None:
-        """Bytes of pack `number` from its download, and, once the pack is whole and its
-        digest checked, its own index (`vouched_chunks`): a page fault (`urgent`) takes them
-        from the pack's file so far, unchecked, if it holds them already; CRIU's background
-        transfer waits (up to the deadline) for the pack to be whole and checked, so its
-        chunks are not hashed again. None when the download has not brought them, or will
-        not."""
+                  urgent: bool) -> CheckedPack | bytes | None:
+        """Pack `number` open, once its download has brought it whole and checked its digest
+        (`CheckedPack`), or else its bytes `start` to `start + length` from its download so
+        far, unchecked: a page fault (`urgent`) takes those if the file holds them already;
+        CRIU's background transfer waits (up to the deadline) for the pack to be whole and
+        checked, so its chunks are not hashed again. None when the download has not brought
+        them, or will not."""
         if self._arrivals is None:
             return None
         digest = self.index.packs[number].digest
@@ -307,29 +381,36 @@ class ChunkSource:
             if found is None:
                 return None
             path, checked = found
+            with self._lock:
+                if number in self._checked:
+                    self._checked.move_to_end(number)
+                    return self._checked[number]
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                file = OpenFile(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
             except FileNotFoundError:
                 continue
-            try:
-                data = os.pread(fd, length, start)
-                vouched = self._vouched_by(number, fd) if checked else None
-            finally:
-                os.close(fd)
+            if checked and (kept := self._keep_checked(number, file)) is not None:
+                return kept
+            data = os.pread(file.fd, length, start)
             # a download begun again reads short
-            return (data, vouched) if len(data) == length else None
+            return data if len(data) == length else None
         return None
 
-    def _vouched_by(self, number: int, fd: int) -> Vouched | None:
-        """The own index of pack `number`, whole and checked, open at `fd` (read once)."""
-        with self._lock:
-            if number in self._vouched:
-                return self._vouched[number]
+    def _keep_checked(self, number: int, file: OpenFile) -> CheckedPack | None:
+        """Pack `number`, whole and checked, open as `file`, kept with its own index read
+        (the KEPT_PACKS used last); None when the file is not the pack's size."""
         pack = self.index.packs[number]
-        vouched = vouched_chunks(fd, pack.digest) if os.fstat(fd).st_size == pack.size else None
+        if os.fstat(file.fd).st_size != pack.size:
+            return None
+        kept = CheckedPack(file, vouched_chunks(file.fd, pack.digest))
         with self._lock:
-            self._vouched[number] = vouched
-        return vouched
+            if self._closed:
+                raise ImageError("the lazy restore's page source is closed")
+            kept = self._checked.setdefault(number, kept)
+            self._checked.move_to_end(number)
+            while len(self._checked) > KEPT_PACKS:
+                self._checked.popitem(last=False)
+        return kept
 
     def _remote_span(self, digest: str, start: int, length: int,
                      first: ChunkRecord) -> bytes | bytearray:
@@ -386,3 +467,8 @@ class ChunkSource:
                 at += -extent if extent < 0 else self.index.chunks[extent].plain_length
             self._starts[record.name] = starts
         return starts
+
+
+def _held(chunk: Chunk) -> int:
+    """What a cached chunk counts for: its bytes (a chunk in a pack keeps its pack open)."""
+    return chunk.size if isinstance(chunk, InPack) else len(chunk)

@@ -28,7 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from torpor.errors import FormatError
+from torpor.lazy import pieces
 from torpor.lazy.pagemap import PAGE, PE_PRESENT, Pagemap
+from torpor.lazy.pieces import Piece
 
 HEADER = struct.Struct("<I4xQQQ")
 GET = 7
@@ -39,7 +41,7 @@ ANSWER = ADD_F | PE_PRESENT << 16
 MAX_ASK = 1 << 20          # pages in one request: more is not CRIU asking
 WORKERS = 8
 
-PageReader = Callable[[str, int, int], list[bytes | memoryview]]  # file, offset, length -> pieces
+PageReader = Callable[[str, int, int], list[Piece]]  # file, offset, length -> pieces
 PagesReady = Callable[[str, int, int], bool]  # file, offset, length -> read at once (no wait)?
 
 
@@ -66,7 +68,7 @@ class PageServer:
     def serve(self) -> None:
         """Answer until CLOSE; raises what stopped it otherwise (the socket left open)."""
         self._started = time.monotonic()
-        answers: deque[Future[list[bytes | memoryview]]] = deque()
+        answers: deque[Future[list[Piece]]] = deque()
         ready = threading.Condition()
         stop = self._stop = threading.Event()
 
@@ -144,26 +146,26 @@ class PageServer:
         return pagemap.pages_file, run.offset + first * PAGE, count * PAGE
 
     def _answer(self, pid: int, vaddr: int, pages_file: str, offset: int,
-                length: int) -> list[bytes | memoryview]:
+                length: int) -> list[Piece]:
         data = self.read(pages_file, offset, length)
         return [HEADER.pack(ANSWER, length // PAGE, vaddr, pid), *data]
 
-    def _send(self, message: list[bytes | memoryview]) -> None:
+    def _send(self, message: list[Piece]) -> None:
         with self._write_lock:
-            for piece in message:
-                self.sock.sendall(piece)
-        size = sum(len(piece) for piece in message)
+            size = pieces.send(self.sock, message)
         if size > 4:
             self.served.pages += (size - HEADER.size) // PAGE
 
     def _receive(self, n: int) -> bytes | None:
         """`n` bytes; None at the end of the stream, or once the writer has stopped."""
         data = bytearray()
+        readable = select.poll()   # not select(): descriptors may go past 1024 (session.py)
+        readable.register(self.sock, select.POLLIN)
         while len(data) < n:
-            readable, _, _ = select.select([self.sock], [], [], 0.1)
+            ready = readable.poll(100)
             if self._stop.is_set():
                 return None
-            if not readable:
+            if not ready:
                 continue
             piece = self.sock.recv(n - len(data))
             if not piece:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from torpor.lazy import pagemap
 from torpor.lazy.chunks import ChunkSource, LocalPack, RemoteRange
 from torpor.lazy.guard import kill_cgroup
 from torpor.lazy.keep import Fetch, PackDownload
+from torpor.lazy.pieces import Piece
 from torpor.lazy.server import PageServer
 
 SOCKET = names.LAZY_PAGES_SOCKET  # where CRIU's restore finds the daemon (its work directory)
@@ -120,7 +122,7 @@ class LazyMemory:
         if self.download is not None:
             self.download.cancel()
 
-    def read(self, pages_file: str, offset: int, length: int) -> list[bytes | memoryview]:
+    def read(self, pages_file: str, offset: int, length: int) -> list[Piece]:
         assert self.source is not None
         return self.source.read(self.files[pages_file], offset, length)
 
@@ -132,6 +134,7 @@ class LazyMemory:
         """The page source, serving until `wait` ends; the caller closes it after the task.
         The packs' download starts with it."""
         if self.download is not None and self.source is not None:
+            _open_files_to_hard_limit()   # checked packs stay open while their chunks go out
             self.source.follow(self.download.start())
         try:
             return LazyPages(self, work_dir, criu, cgroups)
@@ -264,3 +267,12 @@ class LazyPages:
                 process.wait()
         if self.memory.source is not None:
             self.memory.source.close()
+
+
+def _open_files_to_hard_limit() -> None:
+    """The soft limit on open files raised to the hard one, as every Go program does at start
+    (containerd, runc): the default 1024 is a few hundred packs and sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -172,11 +172,12 @@ def _closed_by_peer(conn: Connection) -> bool:
     sock = conn.sock
     if sock is None:
         return True
+    poller = select.poll()   # not select(): a lazy restore may hold descriptors past 1024
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)
 
 
 def _send_file(conn: Connection, body_file: ReadableFile, length: int, observe: ChunkObserver | None) -> None:
