@@ -9,6 +9,7 @@ are sent, while the remaining packs download into the local store behind it.
 
   pagemap.py  which pages of which process are lazy, and where they lie in CRIU's page files
   chunks.py   the chunks of a generation, from this node's packs or the registry, verified
+  checked.py  packs the download checked whole: kept open, their raw chunks located
   server.py   the page-server protocol: requests in, pages out, stalling rather than failing
   pieces.py   an answer's pieces: bytes, or ranges of a checked pack sent by sendfile
   session.py  one lazy restore: `criu lazy-pages`, its server, its guard, its progress

@@ -46,9 +46,9 @@ import zstandard
 
 from torpor.errors import DeadlineExceeded, DigestMismatch, ImageError, RegistryError
 from torpor.formats.chunk_index import ChunkIndex, ChunkRecord, FileRecord
-from torpor.image.packfile import raw_frame_length, raw_spans
 from torpor.image.reassemble import Vouched, decode_chunk, vouched_chunks
-from torpor.lazy.pieces import FileRange, OpenFile, Piece, contents
+from torpor.lazy.checked import CheckedPack, InPack
+from torpor.lazy.pieces import OpenFile, Piece
 from torpor.registry.arrivals import Arrivals
 
 LocalPack = Callable[[str, int], str | None]   # a pack's digest, size -> its file here, or None
@@ -64,54 +64,6 @@ STALL_S = 1.0             # ... or once the download has written nothing for thi
 PACK_STALL_S = 10.0       # ... or the pack's own download nothing, while others move
 URGENT_BYTES = 64 << 10   # less is a page fault (CRIU asks for one page); more, its background
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-@dataclass(frozen=True)
-class InPack:
-    """A raw chunk where it lies in a pack this restore checked whole: the (offset, length)
-    of its bytes in the pack's `file`. Sent from there (pieces.py)."""
-    file: OpenFile
-    spans: tuple[tuple[int, int], ...]
-
-    @property
-    def size(self) -> int:
-        return sum(length for _, length in self.spans)
-
-    def ranges(self, lo: int, hi: int) -> list[FileRange]:
-        """The file ranges of the chunk's bytes `lo` to `hi`, asked of the disk now if they
-        are not in the page cache (the page server's sender is to find them there)."""
-        out, at = [], 0
-        for offset, length in self.spans:
-            a, b = max(lo, at), min(hi, at + length)
-            if a < b:
-                out.append(FileRange(self.file, offset + a - at, b - a))
-            at += length
-        if out:
-            os.posix_fadvise(self.file.fd, out[0].offset,
-                             out[-1].offset + out[-1].length - out[0].offset,
-                             os.POSIX_FADV_WILLNEED)
-        return out
-
-    def read(self) -> bytes:
-        return b"".join(contents(r) for r in self.ranges(0, self.size))
-
-
-@dataclass(frozen=True)
-class CheckedPack:
-    """A pack this restore's download brought whole, its digest checked, open; `vouched`: its
-    own index (None when it has none: its chunks are then hashed)."""
-    file: OpenFile
-    vouched: Vouched | None
-
-    def in_pack(self, chunk: ChunkRecord) -> InPack | None:
-        """The chunk where it lies, if its pack's own index lists it there and it is stored
-        raw, its frame's headers as torpor writes them; else None (read and decoded)."""
-        if self.vouched is None or chunk.length != raw_frame_length(chunk.plain_length) or \
-                (chunk.digest, chunk.offset, chunk.length, chunk.plain_length) \
-                not in self.vouched:
-            return None
-        spans = raw_spans(self.file.fd, chunk.offset, chunk.plain_length)
-        return None if spans is None else InPack(self.file, tuple(spans))
 
 
 Chunk = bytes | InPack
