@@ -20,15 +20,14 @@ thread, for its pack to be whole and its digest checked, as long as the download
 download that writes nothing for a second is passed by a range request), and its chunks are
 then not hashed again where the pack's own index vouches for them (decode_chunk's
 `vouched`). Such a pack stays open, and a chunk of it stored raw (memory that did not
-compress) is answered as where its bytes lie in the file (`InPack`, its frame's headers read
-and checked), for the page server to send from the page cache (pieces.py) without reading
-them into torpor. A page fault (a request of less than URGENT_BYTES) does not wait: its chunk is
-read from the pack's file if the download has written it (then checked against its own
-sha256, as a range's), else by a range request at once. CRIU reads the answers in the
-order it asked, so a fault's answer can still wait behind a background one. Once the
-download has ended (or failed), ranges and the read-ahead bring what is missing, as without
-it. `ready` says whether a read would answer at once, so the page server can answer it on
-its own thread.
+compress) is answered as where its bytes lie in the file (checked.py), for the page server
+to send from the page cache (pieces.py) without reading them into torpor. A page fault (a
+request of less than URGENT_BYTES) does not wait: its chunk is read from the pack's file if
+the download has written it (then checked against its own sha256, as a range's), else by a
+range request at once. CRIU reads the answers in the order it asked, so a fault's answer can
+still wait behind a background one. Once the download has ended (or failed), ranges and the
+read-ahead bring what is missing, as without it. `ready` says whether a read would answer at
+once, so the page server can answer it on its own thread.
 """
 
 from __future__ import annotations
@@ -127,12 +126,12 @@ class ChunkSource:
             size = -extent if extent < 0 else self.index.chunks[extent].plain_length
             lo, hi = max(offset, start), min(end, start + size)
             if lo < hi:
-                chunk = bytes(hi - lo) if extent < 0 else chunks[extent]
-                if isinstance(chunk, InPack):
+                if extent < 0:
+                    out.append(bytes(hi - lo))
+                elif isinstance(chunk := chunks[extent], InPack):
                     out += chunk.ranges(lo - start, hi - start)
                 else:
-                    out.append(memoryview(chunk)[lo - start:hi - start] if extent >= 0
-                               else chunk)
+                    out.append(memoryview(chunk)[lo - start:hi - start])
                 total += hi - lo
         if total != length:
             raise DigestMismatch(f"{record.name} ends before byte {end} a lazy restore asked for")

@@ -2,7 +2,7 @@
 checked, sent by `sendfile` without passing through torpor.
 
 A chunk stored raw in a pack whose digest this restore checked whole is such a range (its
-block headers read and checked first, chunks.py). Onto CRIU's Unix socket `sendfile` copies
+block headers read and checked first, checked.py). Onto CRIU's Unix socket `sendfile` copies
 nothing: the socket holds the pack's page-cache pages and CRIU's read copies from them, where
 reading the bytes into torpor, joining its blocks and writing them out cost three copies and
 a Python object per chunk. So the pack's file must not change until CRIU has read the
