@@ -49,6 +49,8 @@ def test_a_node_with_everything_is_ready(node: Node, registry: Registry) -> None
     assert reqs["shim launcher"]["detail"] == str(node.bin_dir / "containerd-shim-torpor-v2")
     assert "as " in reqs["runc"]["detail"] and reqs["criu"]["status"] == "ok"
     assert reqs["registry"]["status"] == "ok"
+    lazy = reqs["uffd (lazy restore)"]   # install-deps' CRIU, its lazy-pages not spinning
+    assert lazy["status"] == "ok" and "torpor's CRIU build" in lazy["detail"], lazy
     code, reqs = check(node, "127.0.0.1:9/check/x:1")   # a registry nobody serves
     assert code == 1 and failed(reqs) == {"registry"}
 

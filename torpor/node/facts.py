@@ -57,6 +57,19 @@ def criu_version(criu: str | None = None) -> tuple[int, ...]:
     return parse_version(line) if code == 0 else ()
 
 
+CRIU_LAZY_PAGES_WAITS = b"torpor: criu lazy-pages waits"   # packaging/criu/lazy-pages-wait.patch
+
+
+def criu_lazy_pages_waits(criu: str) -> bool:
+    """Whether `criu` is torpor's build, whose `criu lazy-pages` sleeps while the pages it
+    asked for are on their way (a stock CRIU 4.2 holds a core until the last one is in)."""
+    try:
+        with open(criu, "rb") as binary:
+            return CRIU_LAZY_PAGES_WAITS in binary.read()
+    except OSError:
+        return False
+
+
 def runc_version(runc: str | None = None,
                  env: dict[str, str] | None = None) -> tuple[int, ...]:
     """`runc --version`; `runc` may be torpor-runc, which passes it through to its runc, run

@@ -60,8 +60,19 @@ def check_criu(criu: str | None, path: str | None = None) -> list[Requirement]:
                            text.splitlines()[-1] if text else f"exit {code}",
                            "" if code == 0 else f"{found} check --all: see what the kernel lacks"))
     code, text = node._run(found, "check", "--feature", "uffd-noncoop")
-    out.append(Requirement("uffd (lazy restore)", "ok" if code == 0 else "warn",
-                           "supported" if code == 0 else "not supported: lazy restore unavailable"))
+    if code != 0:
+        out.append(Requirement("uffd (lazy restore)", "warn",
+                               "not supported: lazy restore unavailable"))
+    elif node.criu_lazy_pages_waits(found):
+        out.append(Requirement("uffd (lazy restore)", "ok",
+                               "supported; criu lazy-pages sleeps while pages arrive "
+                               "(torpor's CRIU build)"))
+    else:
+        out.append(Requirement(
+            "uffd (lazy restore)", "warn", f"supported, but {found} is not torpor's build: "
+            "its lazy-pages holds a whole core until a lazy restore's last page is in",
+            fix="packaging/install-deps.sh (builds CRIU 4.2.1 with torpor's patch, "
+                "docs/lazy.md)"))
     return out
 
 
