@@ -161,23 +161,35 @@ def lazy_restores(node: Node) -> list[dict[str, object]]:
     return list(json.loads(run_torpor(node, "ls", "--restores", "--json").stdout))
 
 
-def test_torpor_ls_shows_how_much_memory_is_in(
+def restoring(node: Node, ref: str) -> list[dict[str, object]]:
+    return list(json.loads(run_torpor(node, "inspect", ref, "--json").stdout)["restoring"])
+
+
+def test_torpor_ls_and_inspect_show_how_much_memory_is_in(
         lazy_nodes: tuple[Node, Node], registry: Registry, test_image: dict[str, object]) -> None:
-    """While the memory arrives, `torpor ls` says how much of it is in; once it is all in,
-    the restore is no longer listed."""
+    """While the memory arrives, `torpor ls` says how much of it is in, and so does `torpor
+    inspect` of the image, by another name for it than the restore's (the registry itself, not
+    the proxy the restore goes through); once it is all in, neither shows the restore."""
     b = lazy_nodes[1]
     name = "lazy-progress"
+    ref = f"{registry.host}/lazy/{name}:1"
     with arriving(lazy_nodes, registry, str(test_image["name"]), name) as (restore, said, _):
         wait_for(lambda: lazy_restores(b), what="the lazy restore in torpor ls")
         [seen] = lazy_restores(b)
         assert seen["container"] == name and str(seen["source"]).endswith(f"lazy/{name}:1")
+        assert seen["source"] != ref, seen
         assert 0 <= int(seen["placed_bytes"]) < int(seen["lazy_bytes"]), seen  # type: ignore[call-overload]
         assert int(seen["lazy_bytes"]) > MIB << 19, seen  # type: ignore[call-overload]
         listed = run_torpor(b, "ls").stdout
         assert "lazy restores under way:" in listed and name in listed, listed
+        [inspected] = restoring(b, ref)
+        assert inspected["container"] == name, inspected
+        assert int(inspected["placed_bytes"]) < int(inspected["lazy_bytes"]), inspected  # type: ignore[call-overload]
+        shown = run_torpor(b, "inspect", ref).stdout
+        assert f"restoring    lazily here as {name} " in shown, shown
         said.append(restore.communicate(timeout=180)[0])
         assert restore.returncode == 0, "".join(said)
-        assert lazy_restores(b) == []
+        assert lazy_restores(b) == [] and restoring(b, ref) == []
 
 
 def lazy_pages_daemon(restore: subprocess.Popen[str]) -> int:

@@ -67,3 +67,18 @@ def test_a_temp_file_is_no_record(tmp_path: Path) -> None:
     [name] = os.listdir(directory)
     (directory / f".{name}.torpor-1-2").write_text((directory / name).read_text())
     assert len(progress.current(str(tmp_path))) == 1
+
+
+def test_an_images_restores_are_found_by_its_name_or_its_digest(tmp_path: Path) -> None:
+    """`torpor inspect` of an image shows its restores under way: restored by the name it
+    was given, or by any other name for the same image (its index digest)."""
+    me = progress.start_time(os.getpid())
+    for container, source, digest in (("by-name", "reg/x:1", ""),
+                                      ("by-mirror", "mirror/x:1", "sha256:aa"),
+                                      ("other", "reg/y:1", "sha256:bb")):
+        progress.write(str(tmp_path), progress.LazyProgress(
+            "default", container, source, 1, 0, 0, 0, 1.0, os.getpid(), me, digest))
+    found = progress.of_image(str(tmp_path), "reg/x:1", "sha256:aa")
+    assert sorted(p.container for p in found) == ["by-mirror", "by-name"]
+    assert [p.container for p in progress.of_image(str(tmp_path), "reg/z:1", None)] == []
+    assert [p.container for p in progress.of_image(str(tmp_path), "reg/z:1", "")] == []

@@ -8,6 +8,7 @@ from torpor import config
 from torpor.cli.encryption_flags import decryption_key_option, keys_from
 from torpor.cli.output import emit_json, human_size, table
 from torpor.cli.registry_flags import access_from, registry_options
+from torpor.lazy import progress as lazy_progress
 from torpor.ops.inspect import InspectReport, inspect
 from torpor.signing import SignatureCheck
 
@@ -123,6 +124,10 @@ def render(report: InspectReport) -> str:
                 f"{human_size(generation.estimate_new_bytes)} new (torpor estimate, "
                 f"{generation.estimate_created}); actual {human_size(generation.stored_bytes)}, "
                 f"{human_size(actual_new)} new")
+    lines.extend(
+        f"restoring    lazily here as {p.container} (namespace {p.namespace}): "
+        f"{human_size(p.placed_bytes)} of {human_size(p.lazy_bytes)} of memory in "
+        f"({p.fraction:.0%}), {lazy_progress.since(p):.0f}s" for p in report.restoring)
     if report.layers:
         lines.append("layers")
         lines.append(_indent(table(["MEDIA TYPE", "SIZE", "DIGEST"], [

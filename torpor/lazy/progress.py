@@ -1,7 +1,8 @@
 """How far each lazy restore on this node is: one small JSON file per restore under
 `[runtime] state_dir`/lazy-restores, rewritten about once a second while the workload's memory
 arrives and removed when the restore ends, whichever way. `torpor ls` and torpord's metrics read
-them; a file whose restore is no longer alive (torpor killed) is dropped when read."""
+them, and `torpor inspect` of the image; a file whose restore is no longer alive (torpor
+killed) is dropped when read."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class LazyProgress:
     started: float         # wall clock, when the workload began to run
     pid: int               # the restoring process: a record whose pid is gone is stale
     pid_start: int = 0     # its start time (/proc/PID/stat), so that a reused pid is no match
+    digest: str = ""       # the image index's digest: `torpor inspect` finds its restores by it
 
     @property
     def fraction(self) -> float:
@@ -82,6 +84,13 @@ def current(state_dir: str) -> list[LazyProgress]:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return sorted(found, key=lambda p: p.started)
+
+
+def of_image(state_dir: str, source: str, digest: str | None) -> list[LazyProgress]:
+    """The lazy restores under way here of one image: restored from `source` as written, or
+    from the image whose index digest is `digest` (under any name)."""
+    return [p for p in current(state_dir)
+            if p.source == source or (digest and p.digest == digest)]
 
 
 def since(progress: LazyProgress, now: float | None = None) -> float:

@@ -61,10 +61,12 @@ class LazyResult:
 
 class LazyMemory:
     def __init__(self, local: LocalPack, remote: RemoteRange | None,
-                 download: tuple[str, Fetch] | None = None) -> None:
+                 download: tuple[str, Fetch] | None = None, digest: str = "") -> None:
         """`download`: the layout the packs go into whole, behind the workload, and how they
-        are fetched there (keep.py); the restore stores the image once all of it is here."""
+        are fetched there (keep.py); the restore stores the image once all of it is here.
+        `digest`: the image's index digest (what progress records name it by)."""
         self._local, self._remote, self._download_to = local, remote, download
+        self.digest = digest
         self.download: PackDownload | None = None
         self.give_up_at = float("inf")   # set by the caller once it knows the deadline
         self.source: ChunkSource | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from torpor import criu_images, signing
@@ -39,6 +39,8 @@ from torpor.image import kube_archive, ocicrypt, unpack
 from torpor.image.encryption_annotations import layer_recipients
 from torpor.image.encryption_keys import DecryptionKey
 from torpor.image.store import Store
+from torpor.lazy import progress as lazy_progress
+from torpor.lazy.progress import LazyProgress
 from torpor.ops import kube
 from torpor.ops.access import NO_CREDENTIALS, RegistryAccess
 from torpor.ops.sources import SourceKind, image_of_plan, kind_of, registry_options
@@ -80,6 +82,7 @@ class InspectReport:
     signatures: SignatureCheck | None = None   # a registry image's, against the trusted keys
     criu_findings: tuple[Finding, ...] | None = None   # None: the CRIU images were not read
     criu_error: str = ""            # why they could not be checked
+    restoring: tuple[LazyProgress, ...] = ()   # lazy restores of it under way on this node
 
     def to_json(self) -> dict[str, Any]:
         m = self.metadata
@@ -121,6 +124,7 @@ class InspectReport:
                 "error": self.criu_error or None,
                 "findings": [{"what": f.what, "remedy": f.remedy}
                              for f in self.criu_findings or ()]},
+            "restoring": [dict(asdict(p), fraction=p.fraction) for p in self.restoring],
         }
 
 
@@ -193,7 +197,9 @@ def inspect(source: str, cfg: Config, access: RegistryAccess = NO_CREDENTIALS,
                          bool(encrypted), recipients, sealed,
                          () if sealed else _grants(metadata, cfg),
                          generation=generation_of(image),
-                         signatures=found[0] if kind is SourceKind.REGISTRY else None)
+                         signatures=found[0] if kind is SourceKind.REGISTRY else None,
+                         restoring=tuple(lazy_progress.of_image(
+                             cfg.runtime_state_dir, source, image.index.digest)))
 
 
 def _grants(metadata: CheckpointMetadata, cfg: Config) -> tuple[Verdict, ...]:

@@ -421,7 +421,7 @@ def lazy_memory(source: str, image: unpack.CheckpointImage, options: RestoreOpti
         found = store.find_blob(digest, size)
         return str(found) if found is not None else None
 
-    return LazyMemory(here, remote, download)
+    return LazyMemory(here, remote, download, image.index.digest)
 
 
 def this_node_ahead(client: Client, options: RestoreOptions) -> Future[NodeFacts]:
@@ -537,7 +537,7 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
             timings["running_s"] = time.monotonic() - started
             pages.running(pid)
             progress.step(f"{name} runs; its memory is arriving")
-            track = _tracker(cfg, client.namespace, name, source, pages.memory.lazy_bytes)
+            track = _tracker(cfg, client.namespace, name, source, pages.memory)
             undo.callback(lazy_progress.remove, cfg.runtime_state_dir, client.namespace, name)
             done = pages.wait(progress.step, track=track)
             lazy_progress.remove(cfg.runtime_state_dir, client.namespace, name)
@@ -557,15 +557,16 @@ def _restore_directory(client: Client, directory: str, metadata: CheckpointMetad
 
 
 def _tracker(cfg: Config, namespace: str, name: str, source: str,
-             lazy_bytes: int) -> Callable[[int, int, int], None]:
-    """What `torpor ls` and torpord show of this lazy restore (torpor.lazy.progress)."""
+             memory: LazyMemory) -> Callable[[int, int, int], None]:
+    """What `torpor ls`, `torpor inspect` and torpord show of this lazy restore
+    (torpor.lazy.progress)."""
     started, me = time.time(), processes.start_time(os.getpid())
 
     def track(placed: int, remote: int, local: int) -> None:
         with contextlib.suppress(OSError):
             lazy_progress.write(cfg.runtime_state_dir, lazy_progress.LazyProgress(
-                namespace, name, source, lazy_bytes, placed, remote, local, started,
-                os.getpid(), me))
+                namespace, name, source, memory.lazy_bytes, placed, remote, local, started,
+                os.getpid(), me, memory.digest))
 
     track(0, 0, 0)
     return track
