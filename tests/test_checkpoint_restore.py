@@ -18,7 +18,7 @@ from .conftest import run_torpor
 from .support import subnets
 from .support.containerd import Node
 from .support.netns import NetNS, veth_pair
-from .support.processes import printed, wait_for
+from .support.processes import printed, reaped, wait_for
 from .support.workload import (
     COUNTER,
     LineClient,
@@ -326,18 +326,16 @@ def test_killing_torpor_runc_mid_checkpoint_leaves_the_workload_running(
         cli = subprocess.Popen([str(node.bin_dir / "torpor"), "checkpoint", "killed", "-o",
                                 str(tmp_path / "ck")], env=node.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
-        try:
-            pid_file = Path(str(hold) + ".pid")
-            wait_for(pid_file.exists, timeout=30, what="torpor-runc to reach the hold")
-            assert freezer_state(pid) == "FROZEN"  # torpor-runc froze it, then we kill it
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            cli.communicate(timeout=60)
-        finally:
-            hold.unlink(missing_ok=True)
-            Path(str(hold) + ".pid").unlink(missing_ok=True)
-            if cli.poll() is None:   # a test that failed midway: killed, and reaped
-                cli.kill()
+        with reaped(cli):   # a test that failed midway: the CLI killed, and reaped
+            try:
+                pid_file = Path(str(hold) + ".pid")
+                wait_for(pid_file.exists, timeout=30, what="torpor-runc to reach the hold")
+                assert freezer_state(pid) == "FROZEN"  # torpor-runc froze it, then we kill it
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
                 cli.communicate(timeout=60)
+            finally:
+                hold.unlink(missing_ok=True)
+                Path(str(hold) + ".pid").unlink(missing_ok=True)
         assert cli.returncode != 0
         wait_for(lambda: freezer_state(pid) == "THAWED", timeout=10, what="the guardian's thaw")
         assert task_status(node, "killed") == "RUNNING"

@@ -22,7 +22,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import parent_of, wait_for
+from .support.processes import parent_of, stat_fields, wait_for
 from .support.torpord import Torpord
 from .support.workload import (
     COUNTER,
@@ -121,10 +121,9 @@ def container_processes(cgroup_file: Path) -> list[int]:
 
 def alive(pid: int) -> bool:
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat_fields(pid)[0] != "Z"
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
 
 
 def counter(node: Node, names: list[str], name: str) -> int:

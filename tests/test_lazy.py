@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 
 from .conftest import Nodes, run_torpor
 from .support.containerd import Node
-from .support.processes import parent_of, pids_with_arg, reaped, wait_for
+from .support.processes import cpu_seconds, parent_of, pids_with_arg, reaped, wait_for
 from .support.registry import Registry
 from .support.tcp_proxy import ThrottledProxy
 from .support.workload import containers, exec_out, read_file, task_status
@@ -199,11 +198,6 @@ def lazy_pages_daemon(restore: subprocess.Popen[str]) -> int:
             if parent_of(pid) == restore.pid:
                 return pid
     raise AssertionError(f"no criu lazy-pages under torpor restore (pid {restore.pid})")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
 
 
 def test_criu_lazy_pages_sleeps_while_the_memory_arrives(

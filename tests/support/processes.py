@@ -73,10 +73,22 @@ def kill_pid(pid: int) -> None:
         pass
 
 
-def parent_of(pid: int) -> int:
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat from its third field on (state, ppid, ...): what follows the command
+    name, which may hold spaces and parentheses itself."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
-    return int(stat[stat.rfind(")") + 2:].split()[1])
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def parent_of(pid: int) -> int:
+    return int(stat_fields(pid)[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time `pid` has used so far, user and system."""
+    fields = stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pids_with_arg(arg: str) -> list[int]:
