@@ -561,11 +561,12 @@ def _tracker(cfg: Config, namespace: str, name: str, source: str,
     """What `torpor ls`, `torpor inspect` and torpord show of this lazy restore
     (torpor.lazy.progress)."""
     started, me = time.time(), processes.start_time(os.getpid())
+    lazy_bytes = memory.lazy_bytes   # a sum over the pagemaps: once, not every second
 
     def track(placed: int, remote: int, local: int) -> None:
         with contextlib.suppress(OSError):
             lazy_progress.write(cfg.runtime_state_dir, lazy_progress.LazyProgress(
-                namespace, name, source, memory.lazy_bytes, placed, remote, local, started,
+                namespace, name, source, lazy_bytes, placed, remote, local, started,
                 os.getpid(), me, memory.digest))
 
     track(0, 0, 0)
